@@ -1,0 +1,290 @@
+"""The checkpoint record of one poller: a versioned JSON document and its only-forward rule.
+
+Schema 1 (``"schema": 1``)::
+
+    {
+      "schema": 1,
+      "namespace": "live", "poller": "orders",
+      "position": {"cursor": [...], "pk": [...]} | null,   # null: from the beginning
+      "fence": 7,                                          # fence of the last writer
+      "source": {"table": "orders", "cursor": ["updated_at"], "pk": ["id"], "where": null},
+      "committed_at": {"t": "datetime_tz", "v": "..."} | null,
+      "attempts": 0,              # consecutive failures at `position`
+      "last_error": null | "...", # short description of the latest failure
+      "stats": {"batches": 12, "rows": 11950},
+      "seek": null | {...}        # audit of the latest operator seek
+    }
+
+Stores persist the bytes of :func:`encode_checkpoint` and hand back what
+:func:`decode_checkpoint` makes of them; a record that does not decode is never overwritten.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from azure_functions_db.core.position import CodecError, Position, decode_value, encode_value
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class PollerKey:
+    """Identifies one poller's state: (namespace, poller name)."""
+
+    namespace: str
+    poller: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.poller}"
+
+
+@dataclass(frozen=True)
+class SourceDescription:
+    """What the checkpoint's position refers to: table, cursor and key columns, filter."""
+
+    table: str
+    cursor: tuple[str, ...]
+    pk: tuple[str, ...]
+    where: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "table": self.table,
+            "cursor": list(self.cursor),
+            "pk": list(self.pk),
+            "where": self.where,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> SourceDescription:
+        if not isinstance(data, dict):
+            raise CodecError(f"`source` must be an object, found `{data!r}`")
+        return cls(
+            table=_str(data, "table"),
+            cursor=tuple(_str_list(data, "cursor")),
+            pk=tuple(_str_list(data, "pk")),
+            where=data.get("where"),
+        )
+
+
+@dataclass(frozen=True)
+class SeekAudit:
+    """Who moved a checkpoint by hand, from where to where, and when."""
+
+    by: str
+    at: dt.datetime
+    from_position: Position | None
+    to_position: Position | None
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "by": self.by,
+            "at": encode_value(self.at),
+            "from": self.from_position.to_json() if self.from_position else None,
+            "to": self.to_position.to_json() if self.to_position else None,
+            "reason": self.reason,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> SeekAudit:
+        if not isinstance(data, dict):
+            raise CodecError(f"`seek` must be an object, found `{data!r}`")
+        at = decode_value(data.get("at"))
+        if not isinstance(at, dt.datetime):
+            raise CodecError("`seek.at` must be a datetime")
+        return cls(
+            by=_str(data, "by"),
+            at=at,
+            from_position=_position_or_none(data.get("from")),
+            to_position=_position_or_none(data.get("to")),
+            reason=_str(data, "reason"),
+        )
+
+
+@dataclass(frozen=True)
+class CheckpointStats:
+    batches: int = 0
+    rows: int = 0
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One poller's durable state. Immutable: every change makes a new record."""
+
+    key: PollerKey
+    position: Position | None = None
+    fence: int = 0
+    source: SourceDescription | None = None
+    committed_at: dt.datetime | None = None
+    attempts: int = 0
+    last_error: str | None = None
+    stats: CheckpointStats = field(default_factory=CheckpointStats)
+    seek: SeekAudit | None = None
+
+    def fenced(self, fence: int) -> Checkpoint:
+        """This record claimed by the owner holding ``fence`` (the write right after acquire).
+
+        Raises :class:`StaleFenceError` when the record was already written under a newer fence.
+        """
+        if fence < self.fence:
+            raise StaleFenceError(self.key, stored=self.fence, mine=fence)
+        return replace(self, fence=fence)
+
+    def advanced(
+        self,
+        position: Position,
+        *,
+        fence: int,
+        at: dt.datetime,
+        rows: int,
+        source: SourceDescription | None,
+    ) -> Checkpoint:
+        """The record after a successful batch ending at ``position``.
+
+        Enforces the only-forward rule (``position`` strictly after the stored one) and the
+        fence rule (the stored fence is not newer than ``fence``).
+        """
+        if fence < self.fence:
+            raise StaleFenceError(self.key, stored=self.fence, mine=fence)
+        if self.position is not None and not position > self.position:
+            raise PositionNotForwardError(self.key, stored=self.position, proposed=position)
+        return replace(
+            self,
+            position=position,
+            fence=fence,
+            source=source if source is not None else self.source,
+            committed_at=at,
+            attempts=0,
+            last_error=None,
+            stats=CheckpointStats(batches=self.stats.batches + 1, rows=self.stats.rows + rows),
+        )
+
+    def failed(self, *, fence: int, error: str) -> Checkpoint:
+        """The record after a failed attempt at the current position (attempts + 1)."""
+        if fence < self.fence:
+            raise StaleFenceError(self.key, stored=self.fence, mine=fence)
+        return replace(self, fence=fence, attempts=self.attempts + 1, last_error=error[:500])
+
+    def sought(
+        self, position: Position | None, *, fence: int, by: str, at: dt.datetime, reason: str
+    ) -> Checkpoint:
+        """The record moved by an operator (the only way backwards), with its audit."""
+        if fence < self.fence:
+            raise StaleFenceError(self.key, stored=self.fence, mine=fence)
+        audit = SeekAudit(
+            by=by, at=at, from_position=self.position, to_position=position, reason=reason
+        )
+        return replace(
+            self, position=position, fence=fence, attempts=0, last_error=None, seek=audit
+        )
+
+
+class StaleFenceError(Exception):
+    """Internal: the stored record was written under a newer fence than the caller's."""
+
+    def __init__(self, key: PollerKey, *, stored: int, mine: int) -> None:
+        self.key = key
+        self.stored = stored
+        self.mine = mine
+        super().__init__(f"checkpoint {key} has fence {stored} > {mine}")
+
+
+class PositionNotForwardError(Exception):
+    """Internal: a commit tried to move the position backwards or keep it in place."""
+
+    def __init__(self, key: PollerKey, *, stored: Position, proposed: Position) -> None:
+        self.key = key
+        self.stored = stored
+        self.proposed = proposed
+        super().__init__(f"checkpoint {key}: {proposed} is not after {stored}")
+
+
+def encode_checkpoint(cp: Checkpoint) -> bytes:
+    """The stored form of a record: UTF-8 JSON with sorted keys."""
+    doc = {
+        "schema": SCHEMA_VERSION,
+        "namespace": cp.key.namespace,
+        "poller": cp.key.poller,
+        "position": cp.position.to_json() if cp.position else None,
+        "fence": cp.fence,
+        "source": cp.source.to_json() if cp.source else None,
+        "committed_at": encode_value(cp.committed_at) if cp.committed_at else None,
+        "attempts": cp.attempts,
+        "last_error": cp.last_error,
+        "stats": {"batches": cp.stats.batches, "rows": cp.stats.rows},
+        "seek": cp.seek.to_json() if cp.seek else None,
+    }
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+def decode_checkpoint(data: bytes) -> Checkpoint:
+    """Inverse of :func:`encode_checkpoint`.
+
+    Raises :class:`CodecError` (with a reason) for malformed JSON, an unknown schema number or
+    any field that does not decode; callers turn that into ``CheckpointCorruptError``.
+    """
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CodecError(f"not valid UTF-8 JSON ({exc})") from exc
+    if not isinstance(doc, dict):
+        raise CodecError("the record is not a JSON object")
+    schema = doc.get("schema")
+    if schema != SCHEMA_VERSION:
+        raise CodecError(
+            f"unknown schema `{schema}` (this version reads schema {SCHEMA_VERSION}); was it "
+            "written by a newer azure-functions-db?"
+        )
+    committed = doc.get("committed_at")
+    committed_at = decode_value(committed) if committed is not None else None
+    if committed_at is not None and not isinstance(committed_at, dt.datetime):
+        raise CodecError("`committed_at` must be a datetime")
+    stats = doc.get("stats") or {}
+    if not isinstance(stats, dict):
+        raise CodecError("`stats` must be an object")
+    source = doc.get("source")
+    seek = doc.get("seek")
+    last_error = doc.get("last_error")
+    if last_error is not None and not isinstance(last_error, str):
+        raise CodecError("`last_error` must be a string")
+    return Checkpoint(
+        key=PollerKey(namespace=_str(doc, "namespace"), poller=_str(doc, "poller")),
+        position=_position_or_none(doc.get("position")),
+        fence=_int(doc, "fence"),
+        source=SourceDescription.from_json(source) if source is not None else None,
+        committed_at=committed_at,
+        attempts=_int(doc, "attempts"),
+        last_error=last_error,
+        stats=CheckpointStats(batches=_int(stats, "batches"), rows=_int(stats, "rows")),
+        seek=SeekAudit.from_json(seek) if seek is not None else None,
+    )
+
+
+def _position_or_none(data: Any) -> Position | None:
+    return None if data is None else Position.from_json(data)
+
+
+def _str(doc: dict[str, Any], name: str) -> str:
+    value = doc.get(name)
+    if not isinstance(value, str):
+        raise CodecError(f"`{name}` must be a string, found `{value!r}`")
+    return value
+
+
+def _int(doc: dict[str, Any], name: str) -> int:
+    value = doc.get(name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise CodecError(f"`{name}` must be a non-negative integer, found `{value!r}`")
+    return value
+
+
+def _str_list(doc: dict[str, Any], name: str) -> list[str]:
+    value = doc.get(name)
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise CodecError(f"`{name}` must be a non-empty list of strings, found `{value!r}`")
+    return value

@@ -1,0 +1,249 @@
+"""Every public error of azure-functions-db.
+
+Each class docstring says what happened and how to fix it; instances carry the data (poller,
+etag, fence, value) as attributes so callers never parse messages. Adapters translate driver and
+SDK errors into these at their edge and keep the cause (``raise X from exc``).
+"""
+
+from __future__ import annotations
+
+
+class AfdbError(Exception):
+    """Base class of every error raised by azure-functions-db."""
+
+
+class ConfigurationError(AfdbError, ValueError):
+    """A poller, source or store was configured with a value that cannot work.
+
+    The message names the offending value in backticks and says how to fix it.
+    """
+
+
+class SettingNotFoundError(ConfigurationError):
+    """A ``%NAME%`` placeholder names an app setting that is not defined.
+
+    Define the setting in ``local.settings.json`` (``Values``), in the app's settings in Azure,
+    or in the environment of the local runner.
+    """
+
+    def __init__(self, setting: str, where: str) -> None:
+        self.setting = setting
+        self.where = where
+        super().__init__(
+            f"App setting `{setting}` used by {where} is not defined. Define it in "
+            "local.settings.json under `Values`, in the Function App's settings, or as an "
+            "environment variable for `afdb run`."
+        )
+
+
+class SourceError(AfdbError):
+    """The database source failed: connection, reflection or query.
+
+    Infrastructure failures are retried with backoff inside a run; if this reaches you, the
+    retries were exhausted or the error is not transient. The batch was not acknowledged.
+    """
+
+
+class TransientSourceError(SourceError):
+    """A database error that may go away on retry (connection reset, timeout, deadlock).
+
+    The engine retries it with backoff and jitter a bounded number of times within the run.
+    """
+
+
+class SourceDefinitionError(SourceError, ConfigurationError):
+    """The table, a column or the source definition does not match the database."""
+
+
+class NullCursorError(SourceError):
+    """Rows with a NULL cursor were found and the source is set to ``on_null_cursor="raise"``.
+
+    Give those rows a cursor value (for example a default of ``CURRENT_TIMESTAMP``), exclude them
+    with ``where=``, or choose ``on_null_cursor="skip"`` to count and report them instead.
+    """
+
+    def __init__(self, table: str, column: str, count: int) -> None:
+        self.table = table
+        self.column = column
+        self.count = count
+        super().__init__(
+            f"{count} row(s) of `{table}` have a NULL cursor `{column}` and would never be "
+            "delivered. Give them a cursor value, exclude them with `where=`, or set "
+            '`on_null_cursor="skip"` to count and report them instead.'
+        )
+
+
+class StateStoreError(AfdbError):
+    """The checkpoint or lease store failed (I/O, permissions, service error).
+
+    Transient failures are retried; if this reaches you the run stopped without acknowledging
+    its current batch, which will be redelivered.
+    """
+
+
+class TransientStoreError(StateStoreError):
+    """A state-store error that may go away on retry (5xx, throttling, lock timeout).
+
+    Whether a write that failed this way landed is unknown: the engine never assumes it did not;
+    the next run reloads the state and decides (at worst a duplicate delivery).
+    """
+
+
+class CheckpointConflictError(StateStoreError):
+    """A compare-and-set write found a different record than expected.
+
+    Another writer changed the checkpoint since this run read it: usually another instance that
+    acquired the lease after this one lost it. This run's batch is not acknowledged and will be
+    redelivered by the current owner.
+    """
+
+    def __init__(
+        self,
+        poller: str,
+        namespace: str,
+        *,
+        expected_etag: str | None,
+        found_etag: str | None,
+        fence: int | None = None,
+        found_fence: int | None = None,
+        reason: str | None = None,
+    ) -> None:
+        self.poller = poller
+        self.namespace = namespace
+        self.expected_etag = expected_etag
+        self.found_etag = found_etag
+        self.fence = fence
+        self.found_fence = found_fence
+        if reason is None:
+            if found_fence is not None and fence is not None and found_fence > fence:
+                reason = (
+                    f"another instance holds the lease (fence {found_fence} > {fence}); "
+                    "this run's batch will be redelivered"
+                )
+            elif found_etag is None:
+                reason = "the record does not exist (was it deleted by an operator?)"
+            else:
+                reason = "another writer changed it; this run's batch will be redelivered"
+        self.reason = reason
+        super().__init__(
+            f"Checkpoint for poller `{poller}` (namespace `{namespace}`) was changed by another "
+            f"writer (expected etag `{expected_etag}`, found `{found_etag}`): {reason}."
+        )
+
+
+class RecordExistsError(StateStoreError):
+    """A create-only write found a record already in place."""
+
+    def __init__(self, poller: str, namespace: str) -> None:
+        self.poller = poller
+        self.namespace = namespace
+        super().__init__(
+            f"Checkpoint for poller `{poller}` (namespace `{namespace}`) already exists; "
+            "create-only writes never overwrite. Read it and write by etag instead."
+        )
+
+
+class CheckpointCorruptError(StateStoreError):
+    """A stored checkpoint cannot be decoded or has an unknown schema. It is never overwritten.
+
+    Inspect it (``afdb status``), then either restore it or move the poller explicitly with
+    ``afdb seek``; the poller stays stopped until an operator decides.
+    """
+
+    def __init__(self, poller: str, namespace: str, detail: str) -> None:
+        self.poller = poller
+        self.namespace = namespace
+        self.detail = detail
+        super().__init__(
+            f"Checkpoint for poller `{poller}` (namespace `{namespace}`) cannot be read: "
+            f"{detail}. It was left untouched. Inspect it with `afdb status`, then restore it "
+            "or move the poller with `afdb seek --beginning` / `--cursor`."
+        )
+
+
+class PositionRegressionError(AfdbError):
+    """A commit tried to move the checkpoint to a position not strictly after the stored one.
+
+    Positions only move forward; the only way back is an audited ``afdb seek``.
+    """
+
+    def __init__(self, poller: str, stored: str, proposed: str) -> None:
+        self.poller = poller
+        self.stored = stored
+        self.proposed = proposed
+        super().__init__(
+            f"Refusing to move the checkpoint of poller `{poller}` from {stored} to {proposed}: "
+            "positions only move forward. Use `afdb seek` to rewind on purpose."
+        )
+
+
+class LeaseLostError(AfdbError):
+    """This run no longer holds the poller's lease (renewal failed, or it expired).
+
+    The run stops without calling the handler again or committing; the new owner redelivers the
+    unacknowledged batch.
+    """
+
+    def __init__(self, poller: str, namespace: str, fence: int, detail: str = "") -> None:
+        self.poller = poller
+        self.namespace = namespace
+        self.fence = fence
+        suffix = f": {detail}" if detail else ""
+        super().__init__(
+            f"Lease for poller `{poller}` (namespace `{namespace}`, fence {fence}) was lost"
+            f"{suffix}. The current batch was not acknowledged and will be redelivered."
+        )
+
+
+class LeaseHeldError(AfdbError):
+    """Another owner holds the poller's lease. Operator commands (seek) need it free.
+
+    Wait for the running instance to finish (leases are released at the end of every run, or
+    expire after their duration) and retry.
+    """
+
+    def __init__(self, poller: str, namespace: str, holder: str | None) -> None:
+        self.poller = poller
+        self.namespace = namespace
+        self.holder = holder
+        super().__init__(
+            f"Lease for poller `{poller}` (namespace `{namespace}`) is held by "
+            f"`{holder or 'another owner'}`. Wait for its run to finish or the lease to "
+            "expire, then retry."
+        )
+
+
+class HandlerError(AfdbError):
+    """The user's handler raised; the batch was not acknowledged and will be redelivered.
+
+    ``attempts`` counts consecutive failures at this position. Fix the handler or the data; if
+    the batch can never succeed, choose a poison policy or move past it with ``afdb seek``.
+    """
+
+    def __init__(self, poller: str, namespace: str, attempts: int, rows: int) -> None:
+        self.poller = poller
+        self.namespace = namespace
+        self.attempts = attempts
+        self.rows = rows
+        super().__init__(
+            f"Handler of poller `{poller}` (namespace `{namespace}`) failed on a batch of "
+            f"{rows} row(s) (attempt {attempts}); the checkpoint was not moved and the batch "
+            "will be redelivered."
+        )
+
+
+class PoisonBatchError(HandlerError):
+    """A batch failed ``max_attempts`` times and the poison policy is ``halt``.
+
+    The poller keeps retrying the same batch on every run and reports this error so alerts fire.
+    Fix the handler or the data, or move past the batch deliberately with ``afdb seek``.
+    """
+
+    def __init__(self, poller: str, namespace: str, attempts: int, rows: int) -> None:
+        super().__init__(poller, namespace, attempts, rows)
+        self.args = (
+            f"Poison batch: poller `{poller}` (namespace `{namespace}`) failed {attempts} times "
+            f"on the same batch of {rows} row(s). Nothing was skipped; the poller retries it on "
+            "every run. Fix the handler or data, or move past it with "
+            f"`afdb seek APP --poller {poller} --cursor ...`.",
+        )

@@ -1,0 +1,235 @@
+"""The ports between the engine and the outside world. Each method's docstring is its contract.
+
+Every adapter of a port must pass that port's contract suite in :mod:`azure_functions_db.testing`
+unchanged; an adapter that behaves differently from the contract is a bug, fakes included.
+
+- :class:`Source`: reads changed rows of one table in keyset order.
+- :class:`CheckpointStore`: one versioned record per poller, written only by compare-and-set.
+- :class:`LeaseManager`: one exclusive, expiring lease per poller with a fencing counter.
+- :class:`StateStore`: both of the above, in one place (Blob, Table, local file, memory).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from azure_functions_db.core.checkpoint import Checkpoint, PollerKey, SourceDescription
+from azure_functions_db.core.position import KeyValue, Position
+
+# --------------------------------------------------------------------------------------------
+# State: checkpoint records and leases
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StoredCheckpoint:
+    """A checkpoint record as read from a store, with the etag that identifies this version."""
+
+    checkpoint: Checkpoint
+    etag: str
+
+
+@dataclass(frozen=True)
+class LeaseGrant:
+    """Proof of holding a poller's lease.
+
+    ``lease_id`` is the opaque token that renew/release need; ``fence`` is the fencing token the
+    acquire raised (strictly greater than every fence granted before for this poller).
+    """
+
+    key: PollerKey
+    lease_id: str
+    owner: str
+    fence: int
+    duration: float
+
+
+@dataclass(frozen=True)
+class LeaseInfo:
+    """What an observer can see of a poller's lease (for ``status`` and log lines)."""
+
+    key: PollerKey
+    state: Literal["held", "free"]
+    holder: str | None
+    fence: int
+    expires_at: dt.datetime | None = None
+
+
+@runtime_checkable
+class CheckpointStore(Protocol):
+    """Versioned checkpoint records, one per :class:`PollerKey`, changed only by etag CAS."""
+
+    def read(self, key: PollerKey) -> StoredCheckpoint | None:
+        """Return the current record and its etag, or ``None`` when no record exists.
+
+        Raises ``CheckpointCorruptError`` when a record exists but does not decode (bad JSON,
+        unknown schema); a corrupt record is never reported as missing, so it is never
+        overwritten by a create.
+        """
+        ...
+
+    def create(self, checkpoint: Checkpoint) -> str:
+        """Store ``checkpoint`` only if no record exists for its key; return the new etag.
+
+        Raises ``RecordExistsError`` when any record (even a corrupt one) is already there.
+        """
+        ...
+
+    def replace(self, checkpoint: Checkpoint, etag: str) -> str:
+        """Overwrite the record for ``checkpoint.key`` only if its current etag is ``etag``.
+
+        Returns the new etag, which differs from every etag this key had before (the etag
+        rotates on every write, even when the content is identical). Raises
+        ``CheckpointConflictError`` when the current etag differs or the record does not exist
+        (an etag for a missing record is rejected, never turned into a create). The store does
+        not inspect fences or positions: those rules live in the core, the etag makes them safe.
+        """
+        ...
+
+    def list_keys(self, namespace: str | None = None) -> Sequence[PollerKey]:
+        """Keys of every stored record (optionally of one namespace), sorted."""
+        ...
+
+
+@runtime_checkable
+class LeaseManager(Protocol):
+    """One exclusive lease per :class:`PollerKey`, expiring on the store's side, with a fence.
+
+    Expiry is decided by the store (Azure's lease service, or the one machine a local store
+    lives on): never by comparing the clocks of two machines. A lease is live while the store's
+    time is before its expiry; exactly at expiry it is free.
+    """
+
+    def acquire(self, key: PollerKey, owner: str, duration: float) -> LeaseGrant | None:
+        """Take the lease if it is free or expired, and raise its fence by one, atomically.
+
+        Returns ``None`` (no error) when another owner holds a live lease. ``owner`` is a human
+        readable identity (host, pid) shown by ``status``. Also ``None`` for a lease held by the
+        same ``owner`` string under another grant: two grants never coexist.
+        """
+        ...
+
+    def renew(self, grant: LeaseGrant) -> None:
+        """Extend ``grant`` by its duration from now.
+
+        Raises ``LeaseLostError`` if another owner acquired the lease since (fence moved on).
+        Renewing an expired lease nobody else took succeeds and keeps the fence.
+        """
+        ...
+
+    def release(self, grant: LeaseGrant) -> None:
+        """Free the lease so the next run can acquire at once; keep the fence counter.
+
+        Idempotent; does nothing (no error) if the lease was already lost to another owner.
+        """
+        ...
+
+    def inspect(self, key: PollerKey) -> LeaseInfo:
+        """Current holder and fence of the lease, without changing it."""
+        ...
+
+
+@runtime_checkable
+class StateStore(CheckpointStore, LeaseManager, Protocol):
+    """Checkpoints and leases of pollers kept in one place.
+
+    ``describe()`` returns a one-line, secret-free description for logs and ``status``.
+    """
+
+    def describe(self) -> str:
+        """Where the state lives, with no secrets (``local:/path``, ``blob:account/container``)."""
+        ...
+
+
+# --------------------------------------------------------------------------------------------
+# Source: rows in keyset order
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SourceRow:
+    """One row version read from the source: its keyset position and its column values."""
+
+    position: Position
+    data: Mapping[str, Any]
+    op: Literal["upsert", "delete"] = "upsert"
+
+
+@dataclass(frozen=True)
+class Horizon:
+    """Exclusive upper bound on the leading cursor column for one batch, fixed before the read.
+
+    ``bound is None`` means no upper bound. ``method`` names how it was computed (``lag``,
+    ``none``, ...), ``detail`` says why when the safe method was unavailable.
+    """
+
+    bound: KeyValue | None
+    method: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class SourceHealth:
+    """Findings of a source check: NULL cursors, missing index, horizon method."""
+
+    null_cursor_rows: int | None = None
+    warnings: tuple[str, ...] = ()
+
+
+@runtime_checkable
+class Source(Protocol):
+    """Changed rows of one table (or query), read in ``ORDER BY cursor..., pk...`` batches.
+
+    Preconditions the user promises (documented, checked where possible): the cursor never
+    decreases for a row; the primary key is stable and unique; the query is deterministic.
+    """
+
+    @property
+    def description(self) -> SourceDescription:
+        """Table, cursor and pk columns, and a fingerprint of the filter, for the checkpoint."""
+        ...
+
+    def open(self, settings: Mapping[str, str]) -> None:
+        """Resolve ``%NAME%`` placeholders from ``settings``, connect and reflect the table.
+
+        Raises ``SettingNotFoundError`` for an undefined setting and ``SourceDefinitionError``
+        (naming the table or column and the fix) when the table or a column is missing. Calling
+        it again on an open source does nothing.
+        """
+        ...
+
+    def horizon(self) -> Horizon:
+        """The upper bound for the next batch, computed before reading it.
+
+        No row with a cursor below the bound may still become visible later (see the late
+        commit rules); rows at or above it wait for a later batch.
+        """
+        ...
+
+    def fetch(self, after: Position | None, limit: int, horizon: Horizon) -> Sequence[SourceRow]:
+        """Up to ``limit`` rows strictly after ``after`` and below ``horizon``, in keyset order.
+
+        ``after=None`` starts from the beginning. A position without pk values means "before
+        every row with this cursor". Rows whose cursor is NULL are never returned (see
+        :meth:`check`). Transient database errors raise ``TransientSourceError``.
+        """
+        ...
+
+    def latest(self, horizon: Horizon) -> Position | None:
+        """Position of the last row below ``horizon`` (for ``seek --now``), or ``None``."""
+        ...
+
+    def parse_cursor(self, text: str) -> tuple[KeyValue, ...]:
+        """Parse operator input (``seek --cursor``) into cursor values of the column types."""
+        ...
+
+    def check(self) -> SourceHealth:
+        """Count NULL-cursor rows and report problems; raises ``NullCursorError`` if configured."""
+        ...
+
+    def close(self) -> None:
+        """Release connections. The source may be opened again."""
+        ...
