@@ -1,0 +1,80 @@
+"""azure-functions-db: a polling database trigger for Azure Functions.
+
+This is not a native database trigger: it is a polling trigger built on Azure Functions timers.
+Delivery is at-least-once and handlers must be idempotent (``Change.event_id`` is a stable
+idempotency key).
+
+    import azure.functions as func
+    import azure_functions_db as afdb
+
+    db = afdb.PollerBlueprint()
+
+    @db.poller(name="orders", schedule="*/30 * * * * *",
+               source=afdb.SqlSource(url="%ORDERS_DB_URL%", table="orders",
+                                     cursor="updated_at", pk="id"))
+    def on_orders(batch: afdb.Batch) -> None:
+        for change in batch:
+            ...
+
+    app = func.FunctionApp()
+    app.register_functions(db)
+"""
+
+from azure_functions_db.core.batch import Batch, Change
+from azure_functions_db.core.checkpoint import Checkpoint, PollerKey
+from azure_functions_db.core.engine import PollerConfig, RunReport
+from azure_functions_db.core.position import Position
+from azure_functions_db.errors import (
+    AfdbError,
+    CheckpointConflictError,
+    CheckpointCorruptError,
+    ConfigurationError,
+    HandlerError,
+    LeaseHeldError,
+    LeaseLostError,
+    NullCursorError,
+    PoisonBatchError,
+    PositionRegressionError,
+    RecordExistsError,
+    SettingNotFoundError,
+    SourceDefinitionError,
+    SourceError,
+    StateStoreError,
+    TransientSourceError,
+    TransientStoreError,
+)
+from azure_functions_db.functions.blueprint import PollerBlueprint
+from azure_functions_db.sources.sqlalchemy import SqlSource
+from azure_functions_db.state.local import LocalStateStore
+from azure_functions_db.state.memory import MemoryStateStore
+
+__all__ = [
+    "AfdbError",
+    "Batch",
+    "Change",
+    "Checkpoint",
+    "CheckpointConflictError",
+    "CheckpointCorruptError",
+    "ConfigurationError",
+    "HandlerError",
+    "LeaseHeldError",
+    "LeaseLostError",
+    "LocalStateStore",
+    "MemoryStateStore",
+    "NullCursorError",
+    "PoisonBatchError",
+    "PollerBlueprint",
+    "PollerConfig",
+    "PollerKey",
+    "Position",
+    "PositionRegressionError",
+    "RecordExistsError",
+    "RunReport",
+    "SettingNotFoundError",
+    "SourceDefinitionError",
+    "SourceError",
+    "SqlSource",
+    "StateStoreError",
+    "TransientSourceError",
+    "TransientStoreError",
+]

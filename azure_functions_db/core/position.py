@@ -29,7 +29,7 @@ class CodecError(ValueError):
     """A value cannot be encoded into, or decoded from, a checkpoint."""
 
 
-def encode_value(value: KeyValue) -> EncodedValue:
+def encode_value(value: KeyValue) -> EncodedValue:  # noqa: PLR0911, PLR0912 - one arm per type
     """Encode one key value as ``{"t": tag, "v": text}``; raises :class:`CodecError`."""
     # bool before int (bool is an int subclass); datetime before date (same reason).
     if isinstance(value, bool):
@@ -74,11 +74,12 @@ def decode_value(encoded: Any) -> KeyValue:
     if not isinstance(text, str):
         raise CodecError(f"value of tag `{tag}` must be a string, found `{text!r}`")
     try:
-        return _DECODERS[tag](text)
+        value: KeyValue = _DECODERS[tag](text)
     except KeyError:
         raise CodecError(f"unknown value tag `{tag}`") from None
     except (ValueError, ArithmeticError) as exc:
         raise CodecError(f"cannot decode `{text}` as `{tag}`: {exc}") from exc
+    return value
 
 
 def _decode_bool(text: str) -> bool:
@@ -116,6 +117,20 @@ _DECODERS: dict[str, Any] = {
 }
 
 
+_KEY_TYPES = (int, str, float, Decimal, dt.datetime, dt.date, dt.time, uuid.UUID, bytes)
+
+
+def _plainly_valid(value: object) -> bool:
+    """A cheap check that ``encode_value`` would accept ``value``; False means "ask it"."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, Decimal):
+        return value.is_finite()
+    if isinstance(value, dt.time):
+        return value.tzinfo is None
+    return isinstance(value, _KEY_TYPES)
+
+
 def _sort_key(value: KeyValue) -> Any:
     # UUIDs order by their 16 bytes, the way databases index them; everything else natively.
     return value.bytes if isinstance(value, uuid.UUID) else value
@@ -137,8 +152,10 @@ class Position:
     def __post_init__(self) -> None:
         if not self.cursor:
             raise CodecError("a position needs at least one cursor value")
+        # Built for every row fetched: a type check here, full encoding only at commit time.
         for value in (*self.cursor, *self.pk):
-            encode_value(value)  # rejects NULLs, NaN and unsupported types early
+            if not _plainly_valid(value):
+                encode_value(value)  # raises the precise CodecError
 
     @property
     def key(self) -> tuple[KeyValue, ...]:

@@ -1,0 +1,209 @@
+"""The ``afdb`` command line (also ``python -m azure_functions_db``).
+
+Exit status: 0 success, 1 a run or operation failed, 2 bad usage or configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from azure_functions_db.errors import AfdbError, ConfigurationError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="afdb",
+        description="azure-functions-db: a polling database trigger for Azure Functions "
+        "(not a native trigger; at-least-once delivery, idempotent handlers).",
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = sub.add_parser("demo", help="run a sample poller on a local SQLite table")
+    demo.add_argument("--dir", default=".afdb/demo", help="where the demo keeps its files")
+
+    run = sub.add_parser("run", help="run an app's pollers locally, without a Functions host")
+    run.add_argument("app", help="function_app.py, its folder, or module[:attr]")
+    run.add_argument("--once", action="store_true", help="one run of each poller, then exit")
+    run.add_argument("--poller", action="append", help="only this poller (repeatable)")
+
+    status = sub.add_parser("status", help="show each poller's checkpoint and lease")
+    status.add_argument("app")
+    status.add_argument("--poller", action="append", help="only this poller (repeatable)")
+    status.add_argument("--json", action="store_true", help="stable JSON output for scripts")
+
+    seek = sub.add_parser("seek", help="move a poller's checkpoint (under its lease, audited)")
+    seek.add_argument("app")
+    seek.add_argument("--poller", required=True)
+    where = seek.add_mutually_exclusive_group(required=True)
+    where.add_argument("--beginning", action="store_true", help="replay everything")
+    where.add_argument("--now", action="store_true", help="skip to the latest row")
+    where.add_argument(
+        "--cursor", help="restart at the first row with cursor >= this value (ISO time, number)"
+    )
+    seek.add_argument("--reason", default="", help="recorded in the audit")
+    seek.add_argument("--json", action="store_true")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    console = Console(highlight=False)
+    try:
+        handler = {"demo": _demo, "run": _run, "status": _status, "seek": _seek}[args.command]
+        return handler(args, console)
+    except ConfigurationError as exc:
+        Console(stderr=True, highlight=False).print(f"[red]error:[/red] {exc}", markup=True)
+        return EXIT_USAGE
+    except AfdbError as exc:
+        Console(stderr=True, highlight=False).print(f"[red]failed:[/red] {exc}", markup=True)
+        return EXIT_FAILED
+
+
+def _select(app: str, names: Sequence[str] | None) -> list[Any]:
+    from azure_functions_db.loader import load_pollers
+
+    pollers = load_pollers(app)
+    if not names:
+        return list(pollers.values())
+    unknown = [n for n in names if n not in pollers]
+    if unknown:
+        raise ConfigurationError(
+            f"Unknown poller `{unknown[0]}` in `{app}`; defined: {', '.join(sorted(pollers))}"
+        )
+    return [pollers[n] for n in names]
+
+
+def _demo(args: argparse.Namespace, console: Console) -> int:
+    from azure_functions_db.demo import run_demo
+
+    return EXIT_OK if run_demo(args.dir, console) else EXIT_FAILED
+
+
+def _run(args: argparse.Namespace, console: Console) -> int:
+    from azure_functions_db.clock import SystemClock
+    from azure_functions_db.runner import RunOutcome, run_one, run_scheduled
+
+    pollers = _select(args.app, args.poller)
+    settings = dict(os.environ)
+
+    def show(outcome: RunOutcome) -> None:
+        if outcome.report is not None:
+            r = outcome.report
+            console.print(
+                f"{r.poller}: {r.status}, {r.batches} batch(es), {r.rows} row(s), "
+                f"position {r.position}"
+                + (f", held by {r.holder}" if r.status == "lease_held" else "")
+            )
+        else:
+            console.print(f"[red]{outcome.poller}: failed: {outcome.error}[/red]")
+
+    if args.once:
+        failures = 0
+        for definition in pollers:
+            outcome = run_one(definition, settings)
+            show(outcome)
+            failures += 0 if outcome.ok else 1
+        return EXIT_FAILED if failures else EXIT_OK
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    console.print(
+        f"Running {len(pollers)} poller(s) on their schedules; Ctrl-C to stop.", style="bold"
+    )
+    try:
+        failures = run_scheduled(pollers, settings, SystemClock(), stop=stop, on_outcome=show)
+    except KeyboardInterrupt:
+        return EXIT_OK
+    return EXIT_FAILED if failures else EXIT_OK
+
+
+def _status(args: argparse.Namespace, console: Console) -> int:
+    from azure_functions_db.operations import poller_status
+
+    settings = dict(os.environ)
+    statuses = [poller_status(p, settings) for p in _select(args.app, args.poller)]
+    if args.json:
+        sys.stdout.write(json.dumps([s.to_json() for s in statuses], indent=2) + "\n")
+    else:
+        table = Table(title="azure-functions-db pollers")
+        for column in (
+            "poller",
+            "namespace",
+            "position",
+            "fence",
+            "lease",
+            "last commit",
+            "attempts",
+            "rows",
+        ):
+            table.add_column(column)
+        for s in statuses:
+            lease = (
+                s.lease_state if s.lease_holder is None else f"{s.lease_state} by {s.lease_holder}"
+            )
+            table.add_row(
+                s.poller,
+                s.namespace,
+                "ERROR: " + s.error if s.error else str(s.position or "(beginning)"),
+                "-" if s.fence is None else str(s.fence),
+                lease,
+                s.committed_at.isoformat(timespec="seconds") if s.committed_at else "-",
+                str(s.attempts) + (f" ({s.last_error})" if s.last_error else ""),
+                str(s.rows),
+            )
+        console.print(table)
+        if statuses:
+            console.print(f"state: {statuses[0].store}")
+    return EXIT_FAILED if any(s.error for s in statuses) else EXIT_OK
+
+
+def _seek(args: argparse.Namespace, console: Console) -> int:
+    from azure_functions_db.operations import SeekTarget, seek
+
+    (definition,) = _select(args.app, [args.poller])
+    settings = dict(os.environ)
+    cursor = None
+    target: SeekTarget = "beginning"
+    if args.now:
+        target = "now"
+    elif args.cursor is not None:
+        target = "cursor"
+        definition.source.open(settings)
+        cursor = definition.source.parse_cursor(args.cursor)
+    result = seek(definition, settings, target, cursor=cursor, reason=args.reason)
+    if args.json:
+        doc = {
+            "poller": result.poller,
+            "namespace": result.namespace,
+            "from": result.from_position.to_json() if result.from_position else None,
+            "to": result.to_position.to_json() if result.to_position else None,
+            "fence": result.fence,
+            "by": result.by,
+        }
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        console.print(
+            f"{result.poller} ({result.namespace}): moved from "
+            f"{result.from_position or '(beginning)'} to {result.to_position or '(beginning)'} "
+            f"under fence {result.fence}, by {result.by}"
+        )
+    return EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

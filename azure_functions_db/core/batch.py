@@ -1,0 +1,103 @@
+"""What a handler receives: a :class:`Batch` of :class:`Change` objects."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, overload
+
+from azure_functions_db.core.position import KeyValue, Position, encode_value
+
+
+def event_id(poller: str, position: Position) -> str:
+    """A deterministic id for one row version of one poller: the idempotency key.
+
+    The same row version (same pk, same cursor) gets the same id on every replay, in every
+    namespace (a backfill and the live poller agree), so handlers can deduplicate on it.
+    """
+    doc = [
+        poller,
+        [encode_value(v) for v in position.cursor],
+        [encode_value(v) for v in position.pk],
+    ]
+    digest = hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode())
+    return digest.hexdigest()[:32]
+
+
+def _unwrap(values: tuple[KeyValue, ...]) -> Any:
+    return values[0] if len(values) == 1 else values
+
+
+@dataclass(frozen=True)
+class Change:
+    """One changed row as delivered to the handler.
+
+    Attributes:
+        data: The row's columns as a read-only mapping of column name to value.
+        position: The row's full keyset position.
+        event_id: Deterministic idempotency key of this row version (see :func:`event_id`).
+        op: ``"upsert"``, or ``"delete"`` for soft-delete sources.
+    """
+
+    data: Mapping[str, Any]
+    position: Position
+    event_id: str
+    op: Literal["upsert", "delete"] = "upsert"
+
+    @property
+    def cursor(self) -> Any:
+        """The cursor value; a tuple when the cursor has several columns."""
+        return _unwrap(self.position.cursor)
+
+    @property
+    def pk(self) -> Any:
+        """The primary-key value; a tuple when the key has several columns."""
+        return _unwrap(self.position.pk)
+
+
+@dataclass(frozen=True)
+class Batch(Sequence[Change]):
+    """One batch of changes, in ``(cursor, pk)`` order, for one handler call.
+
+    Acknowledged only when the checkpoint commit after the handler succeeds; until then it may
+    be delivered again (at-least-once), so handlers must be idempotent (use ``Change.event_id``).
+
+    Attributes:
+        poller: Stable poller name.
+        namespace: ``"live"`` for the timer poller, ``"backfill"`` (or a custom name) otherwise.
+        fence: Fencing token of the lease this batch is processed under.
+        attempt: 1 for the first delivery of this batch position, 2 after one failure, ...
+        position_before: Checkpoint before the batch (``None`` = from the beginning).
+        position_after: Position the checkpoint moves to when the batch is acknowledged.
+        changes: The rows.
+    """
+
+    poller: str
+    namespace: str
+    fence: int
+    attempt: int
+    position_before: Position | None
+    position_after: Position
+    changes: tuple[Change, ...]
+
+    @overload
+    def __getitem__(self, index: int) -> Change: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Change]: ...
+
+    def __getitem__(self, index: int | slice) -> Change | Sequence[Change]:
+        return self.changes[index]
+
+    def __len__(self) -> int:
+        return len(self.changes)
+
+    def __iter__(self) -> Iterator[Change]:
+        return iter(self.changes)
+
+    @property
+    def rows(self) -> list[Mapping[str, Any]]:
+        """The row mappings alone, in order."""
+        return [c.data for c in self.changes]

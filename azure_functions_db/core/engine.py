@@ -1,0 +1,448 @@
+"""One poller run: lease -> fence -> load -> (horizon -> fetch -> handler -> commit)* -> release.
+
+The engine owns the delivery contract. It acknowledges a batch only by a successful
+compare-and-set commit of the checkpoint, made under a lease it still holds, with the fence that
+lease granted. Anything else ends the run with the batch unacknowledged, so the next run (here
+or on another instance) delivers it again: at-least-once, never a silent skip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import random
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, TypeVar
+
+from azure_functions_db.core.batch import Batch, Change, event_id
+from azure_functions_db.core.checkpoint import (
+    Checkpoint,
+    PollerKey,
+    PositionNotForwardError,
+    SourceDescription,
+    StaleFenceError,
+)
+from azure_functions_db.core.clock import Clock
+from azure_functions_db.core.lease import LeaseKeeper
+from azure_functions_db.core.logs import log_event
+from azure_functions_db.core.position import Position
+from azure_functions_db.errors import (
+    CheckpointConflictError,
+    ConfigurationError,
+    HandlerError,
+    LeaseLostError,
+    PoisonBatchError,
+    PositionRegressionError,
+    RecordExistsError,
+    SourceDefinitionError,
+    TransientSourceError,
+    TransientStoreError,
+)
+from azure_functions_db.ports import Source, SourceRow, StateStore, StoredCheckpoint
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[[Batch], None] | Callable[[Batch], Awaitable[None]]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class PollerConfig:
+    """How one poller runs. Validated on construction; errors name the value and the fix.
+
+    Attributes:
+        name: Stable poller id; the checkpoint is keyed by it (never by a function name).
+        namespace: ``live`` for the timer poller; backfills use their own namespace.
+        batch_size: Rows per handler call.
+        time_budget: Seconds after which a run starts no new batch (keep it well below the
+            host's ``functionTimeout``).
+        lease_duration: Seconds a lease lives without renewal (Azure allows 15-60).
+        max_attempts: Failures of the same batch after which it is reported as poison.
+        poison: ``halt`` keeps retrying the batch on every run and reports ``PoisonBatchError``.
+        infra_retries: Bounded retries (with backoff and jitter) of transient database and
+            storage errors within a run.
+        retry_delay: Base delay of that backoff, in seconds.
+        health_interval: Seconds between source health checks (NULL-cursor counts).
+    """
+
+    name: str
+    namespace: str = "live"
+    batch_size: int = 1000
+    time_budget: float = 240.0
+    lease_duration: float = 30.0
+    max_attempts: int = 5
+    poison: Literal["halt"] = "halt"
+    infra_retries: int = 3
+    retry_delay: float = 0.5
+    health_interval: float = 300.0
+
+    def __post_init__(self) -> None:
+        _check_name("poller name", self.name)
+        _check_name("namespace", self.namespace)
+        _check_positive("batch_size", self.batch_size, "e.g. `batch_size=1000`", integer=True)
+        _check_positive("time_budget", self.time_budget, "seconds, e.g. `time_budget=240`")
+        _check_positive("lease_duration", self.lease_duration, "seconds, 15 to 60 on Azure")
+        _check_positive("max_attempts", self.max_attempts, "e.g. `max_attempts=5`", integer=True)
+        if self.poison != "halt":
+            raise ConfigurationError(
+                f'Unknown poison policy `{self.poison!r}`; use `poison="halt"` (keep retrying the '
+                "batch and alert)."
+            )
+        if self.time_budget <= self.lease_duration / 3:
+            raise ConfigurationError(
+                f"`time_budget={self.time_budget}` is too short for `lease_duration="
+                f"{self.lease_duration}`: a run must outlive at least one heartbeat. Raise "
+                "time_budget or lower lease_duration."
+            )
+
+    @property
+    def key(self) -> PollerKey:
+        return PollerKey(namespace=self.namespace, poller=self.name)
+
+
+_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+
+
+def _check_name(what: str, value: object) -> None:
+    if (
+        not isinstance(value, str)
+        or not 1 <= len(value) <= 63
+        or not set(value) <= _NAME_CHARS
+        or value[0] in "-."
+    ):
+        raise ConfigurationError(
+            f"Invalid {what} `{value!r}`: use 1-63 letters, digits, `-`, `_` or `.`, starting "
+            f'with a letter or digit (e.g. "orders"). It keys the checkpoint, so keep it stable.'
+        )
+
+
+def _check_positive(what: str, value: object, hint: str, *, integer: bool = False) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or (integer and not isinstance(value, int))
+        or value <= 0
+    ):
+        raise ConfigurationError(f"`{what}={value!r}` must be a positive number ({hint}).")
+
+
+@dataclass
+class RunReport:
+    """What one run did. ``status`` is ``caught_up``, ``budget_spent`` or ``lease_held``."""
+
+    poller: str
+    namespace: str
+    status: Literal["caught_up", "budget_spent", "lease_held"] = "caught_up"
+    batches: int = 0
+    rows: int = 0
+    fence: int | None = None
+    holder: str | None = None
+    position: Position | None = None
+    null_cursor_rows: int | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+class Engine:
+    """Runs one poller: a source, a state store and a handler, under a lease.
+
+    One engine per poller per process; :meth:`run` is one timer invocation. Not re-entrant:
+    the timer host never overlaps invocations of one function on an instance, and the lease
+    keeps instances apart.
+    """
+
+    def __init__(
+        self,
+        config: PollerConfig,
+        source: Source,
+        store: StateStore,
+        handler: Handler,
+        clock: Clock,
+        *,
+        owner: str,
+        heartbeat_interval: float | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self.source = source
+        self.store = store
+        self.handler = handler
+        self.clock = clock
+        self.owner = owner
+        self._heartbeat_interval = heartbeat_interval
+        self._rng = rng or random.Random()  # noqa: S311 - retry jitter, not crypto
+        self._last_health: float | None = None
+
+    # -- the run ------------------------------------------------------------------------------
+
+    def run(self, settings: Mapping[str, str]) -> RunReport:
+        """Do one run; return its report, or raise the error that ended it.
+
+        Raises ``HandlerError``/``PoisonBatchError`` (handler failed; batch unacknowledged),
+        ``LeaseLostError``/``CheckpointConflictError`` (another owner took over),
+        ``SourceError``/``StateStoreError`` (infrastructure, after bounded retries), and
+        ``CheckpointCorruptError`` (operator must decide). Every one of them leaves the
+        current batch unacknowledged.
+        """
+        cfg = self.config
+        report = RunReport(poller=cfg.name, namespace=cfg.namespace)
+        self._retrying(self.source.open, settings)
+        started = self.clock.monotonic()
+        grant = self._retrying(self.store.acquire, cfg.key, self.owner, cfg.lease_duration)
+        if grant is None:
+            info = self.store.inspect(cfg.key)
+            report.status, report.holder, report.fence = "lease_held", info.holder, info.fence
+            self._log(logging.INFO, "lease_held", holder=info.holder, lease_fence=info.fence)
+            return report
+        keeper = LeaseKeeper(
+            self.store, grant, self.clock, interval=self._heartbeat_interval, acquired_at=started
+        )
+        keeper.start()
+        report.fence = grant.fence
+        try:
+            self._log(logging.INFO, "lease_acquired", fence=grant.fence)
+            stored = self._fence_checkpoint(grant.fence, keeper)
+            self._health_check(report)
+            self._loop(stored, keeper, started, report)
+        finally:
+            keeper.stop()
+            try:
+                self.store.release(grant)
+            except Exception as exc:  # noqa: BLE001 - the lease expires anyway; keep the cause
+                self._log(logging.WARNING, "lease_release_failed", error=repr(exc))
+        self._log(
+            logging.INFO,
+            "run_done",
+            fence=grant.fence,
+            status=report.status,
+            batches=report.batches,
+            rows=report.rows,
+            position=report.position,
+        )
+        return report
+
+    def _loop(
+        self, stored: StoredCheckpoint, keeper: LeaseKeeper, started: float, report: RunReport
+    ) -> None:
+        cfg = self.config
+        cp, etag = stored.checkpoint, stored.etag
+        report.position = cp.position
+        while True:
+            if self.clock.monotonic() - started >= cfg.time_budget:
+                report.status = "budget_spent"
+                return
+            keeper.ensure_held()
+            horizon = self._retrying(self.source.horizon)
+            rows = self._retrying(self.source.fetch, cp.position, cfg.batch_size, horizon)
+            if not rows:
+                report.status = "caught_up"
+                return
+            batch = self._batch(cp, keeper.grant.fence, rows)
+            keeper.ensure_held()
+            self._call_handler(batch, cp, etag, keeper)
+            cp, etag = self._commit(cp, etag, batch, keeper)
+            report.batches += 1
+            report.rows += len(batch)
+            report.position = cp.position
+            if len(rows) < cfg.batch_size:
+                report.status = "caught_up"
+                return
+
+    def _batch(self, cp: Checkpoint, fence: int, rows: Sequence[SourceRow]) -> Batch:
+        name = self.config.name
+        changes = [
+            Change(data=r.data, position=r.position, event_id=event_id(name, r.position), op=r.op)
+            for r in rows
+        ]
+        return Batch(
+            poller=self.config.name,
+            namespace=self.config.namespace,
+            fence=fence,
+            attempt=cp.attempts + 1,
+            position_before=cp.position,
+            position_after=changes[-1].position,
+            changes=tuple(changes),
+        )
+
+    # -- lease, fence, load ------------------------------------------------------------------
+
+    def _fence_checkpoint(self, fence: int, keeper: LeaseKeeper) -> StoredCheckpoint:
+        """Load the checkpoint and rewrite it with our fence, so older owners' commits fail."""
+        cfg = self.config
+        desc = self.source.description
+        stored = self._retrying(self.store.read, cfg.key)
+        if stored is None:
+            fresh = Checkpoint(key=cfg.key, fence=fence, source=desc)
+            try:
+                etag = self.store.create(fresh)
+            except RecordExistsError:
+                stored = self._retrying(self.store.read, cfg.key)
+            else:
+                self._log(logging.INFO, "checkpoint_created", fence=fence)
+                return StoredCheckpoint(fresh, etag)
+        assert stored is not None
+        self._check_source(stored.checkpoint.source, desc)
+        try:
+            claimed = stored.checkpoint.fenced(fence)
+        except StaleFenceError as exc:
+            keeper.mark_lost(f"checkpoint already fenced by {exc.stored}")
+            raise LeaseLostError(cfg.name, cfg.namespace, fence, str(exc)) from exc
+        etag = self.store.replace(claimed, stored.etag)
+        return StoredCheckpoint(claimed, etag)
+
+    def _check_source(self, old: SourceDescription | None, new: SourceDescription) -> None:
+        """Case L: a changed cursor, key or table cannot continue; a changed filter can."""
+        if old is None or old == new:
+            return
+        cfg = self.config
+        if (old.table, old.cursor, old.pk) != (new.table, new.cursor, new.pk):
+            raise SourceDefinitionError(
+                f"Poller `{cfg.name}` (namespace `{cfg.namespace}`) has a checkpoint for table "
+                f"`{old.table}` cursor {list(old.cursor)} pk {list(old.pk)}, but is now "
+                f"configured with table `{new.table}` cursor {list(new.cursor)} pk "
+                f"{list(new.pk)}; the stored position means nothing for the new columns. Either "
+                f"restore the old definition, move the checkpoint with `afdb seek APP --poller "
+                f"{cfg.name} --beginning` (or `--now`), or give the poller a new name."
+            )
+        self._log(
+            logging.WARNING,
+            "source_filter_changed",
+            old_where=old.where,
+            new_where=new.where,
+            note="continuing from the stored position; rows the old filter excluded below it "
+            "are not revisited",
+        )
+
+    def _health_check(self, report: RunReport) -> None:
+        now = self.clock.monotonic()
+        if self._last_health is not None and now - self._last_health < self.config.health_interval:
+            return
+        health = self._retrying(self.source.check)
+        self._last_health = now
+        report.null_cursor_rows = health.null_cursor_rows
+        report.warnings.extend(health.warnings)
+
+    # -- handler and commit ------------------------------------------------------------------
+
+    def _call_handler(self, batch: Batch, cp: Checkpoint, etag: str, keeper: LeaseKeeper) -> None:
+        cfg = self.config
+        self._log(
+            logging.DEBUG, "batch_start", fence=batch.fence, rows=len(batch), attempt=batch.attempt
+        )
+        try:
+            result = self.handler(batch)
+            if inspect.isawaitable(result):
+                asyncio.run(_await(result))
+        except Exception as exc:
+            failed = cp.failed(fence=batch.fence, error=f"{type(exc).__name__}: {exc}")
+            self._record_failure(failed, etag, keeper)
+            self._log(
+                logging.ERROR,
+                "handler_failed",
+                fence=batch.fence,
+                rows=len(batch),
+                attempt=failed.attempts,
+                position=cp.position,
+                error=type(exc).__name__,
+            )
+            if failed.attempts >= cfg.max_attempts:
+                raise PoisonBatchError(
+                    cfg.name, cfg.namespace, failed.attempts, len(batch)
+                ) from exc
+            raise HandlerError(cfg.name, cfg.namespace, failed.attempts, len(batch)) from exc
+
+    def _record_failure(self, failed: Checkpoint, etag: str, keeper: LeaseKeeper) -> None:
+        """Count the failed attempt on the checkpoint (best effort: the batch stays unacked)."""
+        if keeper.lost_reason() is not None:
+            return
+        try:
+            self.store.replace(failed, etag)
+        except Exception as exc:  # noqa: BLE001 - the handler's error is the one to report
+            self._log(logging.WARNING, "attempt_count_failed", error=repr(exc))
+
+    def _commit(
+        self, cp: Checkpoint, etag: str, batch: Batch, keeper: LeaseKeeper
+    ) -> tuple[Checkpoint, str]:
+        cfg = self.config
+        keeper.ensure_held()
+        try:
+            new = cp.advanced(
+                batch.position_after,
+                fence=batch.fence,
+                at=self.clock.now(),
+                rows=len(batch),
+                source=self.source.description,
+            )
+        except PositionNotForwardError as exc:
+            raise PositionRegressionError(cfg.name, str(exc.stored), str(exc.proposed)) from exc
+        try:
+            new_etag = self.store.replace(new, etag)
+        except CheckpointConflictError:
+            keeper.mark_lost("checkpoint changed by another writer")
+            self._log(logging.WARNING, "commit_rejected", fence=batch.fence, rows=len(batch))
+            raise
+        except TransientStoreError as exc:
+            # Ambiguous: the write may have landed. Look, rather than guess.
+            new_etag = self._resolve_ambiguous_commit(new, exc)
+        self._log(
+            logging.INFO,
+            "batch_committed",
+            fence=batch.fence,
+            rows=len(batch),
+            attempt=batch.attempt,
+            position=new.position,
+        )
+        return new, new_etag
+
+    def _resolve_ambiguous_commit(self, new: Checkpoint, exc: TransientStoreError) -> str:
+        """Case G: after a commit with an unknown outcome, read back what the store holds."""
+        cfg = self.config
+        stored = self._retrying(self.store.read, cfg.key)
+        if (
+            stored is not None
+            and stored.checkpoint.fence == new.fence
+            and stored.checkpoint.position == new.position
+            and stored.checkpoint.stats == new.stats
+        ):
+            self._log(logging.WARNING, "commit_ambiguous_landed", fence=new.fence)
+            return stored.etag
+        self._log(logging.WARNING, "commit_ambiguous_lost", fence=new.fence)
+        raise exc
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _retrying(self, call: Callable[..., T], *args: object) -> T:
+        """Call with bounded retries of transient infrastructure errors (backoff + jitter)."""
+        cfg = self.config
+        for attempt in range(cfg.infra_retries + 1):
+            try:
+                return call(*args)
+            except (TransientSourceError, TransientStoreError) as exc:
+                if attempt >= cfg.infra_retries:
+                    raise
+                delay = cfg.retry_delay * 2**attempt
+                delay += self._rng.uniform(0, cfg.retry_delay)
+                self._log(
+                    logging.WARNING,
+                    "transient_error_retry",
+                    attempt=attempt + 1,
+                    delay=f"{delay:.2f}s",
+                    error=type(exc).__name__,
+                )
+                self.clock.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _log(self, level: int, action: str, **fields: object) -> None:
+        log_event(
+            logger,
+            level,
+            action,
+            poller=self.config.name,
+            namespace=self.config.namespace,
+            **fields,
+        )
+
+
+async def _await(awaitable: Awaitable[None]) -> None:
+    await awaitable

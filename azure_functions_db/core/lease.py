@@ -1,0 +1,112 @@
+"""Keeping a lease alive while a run works: the heartbeat and the lease-lost mark."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from azure_functions_db.core.clock import Clock
+from azure_functions_db.core.logs import log_event
+from azure_functions_db.errors import AfdbError, LeaseLostError
+from azure_functions_db.ports import LeaseGrant, LeaseManager
+
+logger = logging.getLogger(__name__)
+
+
+class LeaseKeeper:
+    """Renews a lease in a background thread (about every duration/3) and knows when it is lost.
+
+    The lease counts as lost when a renewal is refused, or when the last successful renewal was
+    sent a full lease duration ago (the store may already have expired it). The second rule
+    uses only this process's own monotonic clock, so it holds even if the process was frozen
+    and the heartbeat thread never ran; no two machines' clocks are ever compared.
+    """
+
+    def __init__(
+        self,
+        leases: LeaseManager,
+        grant: LeaseGrant,
+        clock: Clock,
+        *,
+        interval: float | None = None,
+        acquired_at: float,
+    ) -> None:
+        self._leases = leases
+        self.grant = grant
+        self._clock = clock
+        self._interval = interval if interval is not None else grant.duration / 3
+        self._renewed_at = acquired_at
+        self._lost_reason: str | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the heartbeat thread (a daemon: a dying process does not wait for it)."""
+        self._thread = threading.Thread(
+            target=self._beat, name=f"afdb-heartbeat-{self.grant.key}", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the heartbeat and wait for it (at most one renewal in flight)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self._interval):
+            if self.lost_reason() is not None:
+                return
+            self.renew_now()
+
+    def renew_now(self) -> None:
+        """Renew once; on refusal mark the lease lost. Transient failures only log."""
+        sent_at = self._clock.monotonic()
+        try:
+            self._leases.renew(self.grant)
+        except LeaseLostError as exc:
+            self.mark_lost(f"renewal refused: {exc}")
+        except AfdbError as exc:
+            log_event(
+                logger,
+                logging.WARNING,
+                "lease_renew_failed",
+                poller=self.grant.key.poller,
+                namespace=self.grant.key.namespace,
+                fence=self.grant.fence,
+                error=type(exc).__name__,
+            )
+        else:
+            with self._lock:
+                self._renewed_at = max(self._renewed_at, sent_at)
+
+    def mark_lost(self, reason: str) -> None:
+        with self._lock:
+            if self._lost_reason is None:
+                self._lost_reason = reason
+                log_event(
+                    logger,
+                    logging.WARNING,
+                    "lease_lost",
+                    poller=self.grant.key.poller,
+                    namespace=self.grant.key.namespace,
+                    fence=self.grant.fence,
+                    reason=reason,
+                )
+
+    def lost_reason(self) -> str | None:
+        """Why the lease is lost, or ``None`` while it is still safely held."""
+        with self._lock:
+            if self._lost_reason is None:
+                age = self._clock.monotonic() - self._renewed_at
+                if age >= self.grant.duration:
+                    self._lost_reason = f"not renewed for {age:.1f}s (lease {self.grant.duration}s)"
+            return self._lost_reason
+
+    def ensure_held(self) -> None:
+        """Raise :class:`LeaseLostError` if the lease is lost."""
+        reason = self.lost_reason()
+        if reason is not None:
+            key = self.grant.key
+            raise LeaseLostError(key.poller, key.namespace, self.grant.fence, reason)

@@ -1,0 +1,182 @@
+"""``PollerBlueprint``: the decorator users put on handlers in ``function_app.py``.
+
+This package is the only code that imports ``azure.functions``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
+
+import azure.functions as func
+
+from azure_functions_db.core.engine import Handler, PollerConfig
+from azure_functions_db.core.logs import log_event
+from azure_functions_db.errors import (
+    ConfigurationError,
+    SettingNotFoundError,
+    SourceDefinitionError,
+    SourceError,
+)
+from azure_functions_db.poller import PollerDefinition, validate_schedule
+from azure_functions_db.ports import Source, StateStore
+
+logger = logging.getLogger(__name__)
+
+H = TypeVar("H", bound=Handler)
+
+
+def function_name_for(poller: str) -> str:
+    """The Functions function name of a poller: ``poll_<name>`` with only ``[A-Za-z0-9_]``."""
+    return "poll_" + re.sub(r"[^A-Za-z0-9_]", "_", poller)
+
+
+class PollerBlueprint(func.Blueprint):
+    """A ``func.Blueprint`` whose :meth:`poller` decorator turns a handler into a poller.
+
+    This is not a native database trigger: it is a polling trigger built on Azure Functions
+    timers. Delivery is at-least-once and handlers must be idempotent (use ``Change.event_id``).
+
+    Register it like any blueprint: ``app.register_functions(db)``.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+        self.pollers: dict[str, PollerDefinition] = {}
+        self._function_names: dict[str, str] = {}
+
+    def poller(
+        self,
+        *,
+        name: str,
+        schedule: str,
+        source: Source,
+        batch_size: int = 1000,
+        state: StateStore | None = None,
+        namespace: str = "live",
+        time_budget: float = 240.0,
+        lease_duration: float = 30.0,
+        max_attempts: int = 5,
+        poison: Literal["halt"] = "halt",
+        run_on_startup: bool = False,
+        use_monitor: bool | None = None,
+        check_source: bool = True,
+    ) -> Callable[[H], H]:
+        """Poll ``source`` on ``schedule`` and call the decorated handler with each batch.
+
+        This is not a native database trigger: it is a polling trigger built on Azure Functions
+        timers. Delivery is at-least-once; handlers must be idempotent.
+
+        Args:
+            name: Stable poller id. The checkpoint is keyed by it, never by the function name,
+                so renaming the Python function does not restart from zero.
+            schedule: NCRONTAB with six fields, seconds first (``"*/30 * * * * *"``), or
+                ``"%SETTING%"``.
+            source: Where the rows come from, e.g. ``afdb.SqlSource(...)``.
+            batch_size: Rows per handler call.
+            state: Where checkpoints and leases live. Default: a local file store
+                (``$AFDB_STATE_DIR`` or ``./.afdb/state``) for ``afdb run``; on Azure pass a
+                shared store.
+            namespace: Checkpoint namespace (``live`` for polling).
+            time_budget: Seconds after which a run starts no new batch; keep it well below the
+                host's ``functionTimeout``.
+            lease_duration: Seconds the lease lives without renewal (15-60 on Azure).
+            max_attempts: Failures of one batch before it is reported as poison.
+            poison: Poison policy; ``"halt"`` retries the batch on every run and alerts.
+            run_on_startup: Passed to the timer trigger.
+            use_monitor: Passed to the timer trigger.
+            check_source: Check at decoration time that the table and columns exist when the
+                database is reachable (skipped when a ``%SETTING%`` is not defined yet).
+
+        Raises:
+            ConfigurationError: a bad schedule, batch size, name or a duplicate poller name;
+                ``SourceDefinitionError`` when the table or a column is missing.
+        """
+        config = PollerConfig(
+            name=name,
+            namespace=namespace,
+            batch_size=batch_size,
+            time_budget=time_budget,
+            lease_duration=lease_duration,
+            max_attempts=max_attempts,
+            poison=poison,
+        )
+        validate_schedule(schedule, name)
+        fname = function_name_for(name)
+        if name in self.pollers or fname in self._function_names:
+            other = self._function_names.get(fname, name)
+            raise ConfigurationError(
+                f"Duplicate poller name `{name}` (clashes with `{other}`): each poller needs its "
+                "own stable name, since the name keys its checkpoint."
+            )
+        if not isinstance(source, Source):
+            raise ConfigurationError(
+                f"`source={source!r}` is not a source; pass e.g. "
+                '`afdb.SqlSource(url="%ORDERS_DB_URL%", table="orders", cursor="updated_at", '
+                'pk="id")`.'
+            )
+        if check_source:
+            _check_source_now(source, name)
+
+        def decorate(handler: H) -> H:
+            if not callable(handler):
+                raise ConfigurationError(f"@poller(name=`{name}`) must decorate a function")
+            definition = PollerDefinition(
+                config=config,
+                schedule=schedule,
+                source=source,
+                handler=handler,
+                state=state,
+                run_on_startup=run_on_startup,
+                use_monitor=use_monitor,
+            )
+            self.pollers[name] = definition
+            self._function_names[fname] = name
+            timer = _timer_function(definition, fname)
+            self.function_name(name=fname)(
+                self.timer_trigger(
+                    arg_name="timer",
+                    schedule=schedule,
+                    run_on_startup=run_on_startup,
+                    use_monitor=use_monitor,
+                )(timer)
+            )
+            return handler
+
+        return decorate
+
+
+def _check_source_now(source: Source, poller: str) -> None:
+    """Fail fast on a missing table or column, when the database can be reached now."""
+    try:
+        source.open(dict(os.environ))
+    except SettingNotFoundError as exc:
+        log_event(
+            logger, logging.DEBUG, "source_check_deferred", poller=poller, setting=exc.setting
+        )
+        return
+    except SourceDefinitionError:
+        raise
+    except SourceError as exc:
+        log_event(logger, logging.DEBUG, "source_check_deferred", poller=poller, error=str(exc))
+        return
+    finally:
+        source.close()
+
+
+def _timer_function(definition: PollerDefinition, fname: str) -> Callable[[func.TimerRequest], Any]:
+    """The Functions entry point: exactly one parameter, the timer."""
+
+    async def timer(timer: func.TimerRequest) -> None:
+        if timer.past_due:
+            log_event(logger, logging.INFO, "timer_past_due", poller=definition.name)
+        # The run blocks on the database and storage; keep the worker's event loop free.
+        await asyncio.to_thread(definition.run_once)
+
+    timer.__name__ = fname
+    timer.__qualname__ = fname
+    return timer

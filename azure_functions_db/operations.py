@@ -1,0 +1,184 @@
+"""Operator actions on pollers: inspect their state, move their checkpoint (audited)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import getpass
+import logging
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from azure_functions_db.core.checkpoint import Checkpoint
+from azure_functions_db.core.logs import log_event
+from azure_functions_db.core.position import KeyValue, Position
+from azure_functions_db.errors import CheckpointCorruptError, LeaseHeldError
+from azure_functions_db.poller import PollerDefinition
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PollerStatus:
+    """What ``afdb status`` shows for one poller."""
+
+    poller: str
+    namespace: str
+    store: str
+    position: Position | None
+    fence: int | None
+    lease_state: str
+    lease_holder: str | None
+    lease_fence: int
+    committed_at: dt.datetime | None
+    attempts: int
+    last_error: str | None
+    batches: int
+    rows: int
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """A stable, JSON-ready form for scripts (keys never renamed, only added)."""
+        return {
+            "poller": self.poller,
+            "namespace": self.namespace,
+            "store": self.store,
+            "position": self.position.to_json() if self.position else None,
+            "position_text": str(self.position) if self.position else None,
+            "fence": self.fence,
+            "lease": {
+                "state": self.lease_state,
+                "holder": self.lease_holder,
+                "fence": self.lease_fence,
+            },
+            "committed_at": self.committed_at.isoformat() if self.committed_at else None,
+            "attempts": self.attempts,
+            "last_error": self.last_error,
+            "stats": {"batches": self.batches, "rows": self.rows},
+            "error": self.error,
+        }
+
+
+def poller_status(definition: PollerDefinition, settings: Mapping[str, str]) -> PollerStatus:
+    """Read a poller's checkpoint and lease without changing either."""
+    store = definition.store(settings)
+    key = definition.config.key
+    lease = store.inspect(key)
+    base: dict[str, Any] = {
+        "poller": key.poller,
+        "namespace": key.namespace,
+        "store": store.describe(),
+        "lease_state": lease.state,
+        "lease_holder": lease.holder,
+        "lease_fence": lease.fence,
+    }
+    try:
+        stored = store.read(key)
+    except CheckpointCorruptError as exc:
+        return PollerStatus(
+            **base,
+            position=None,
+            fence=None,
+            committed_at=None,
+            attempts=0,
+            last_error=None,
+            batches=0,
+            rows=0,
+            error=str(exc),
+        )
+    cp = stored.checkpoint if stored else None
+    return PollerStatus(
+        **base,
+        position=cp.position if cp else None,
+        fence=cp.fence if cp else None,
+        committed_at=cp.committed_at if cp else None,
+        attempts=cp.attempts if cp else 0,
+        last_error=cp.last_error if cp else None,
+        batches=cp.stats.batches if cp else 0,
+        rows=cp.stats.rows if cp else 0,
+    )
+
+
+SeekTarget = Literal["beginning", "now", "cursor"]
+
+
+@dataclass(frozen=True)
+class SeekResult:
+    poller: str
+    namespace: str
+    from_position: Position | None
+    to_position: Position | None
+    fence: int
+    by: str
+
+
+def operator_identity() -> str:
+    """``user@host`` of whoever runs an operator command (recorded in the seek audit)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid{os.getuid()}"
+    return f"{user}@{socket.gethostname()}"
+
+
+def seek(
+    definition: PollerDefinition,
+    settings: Mapping[str, str],
+    target: SeekTarget,
+    *,
+    cursor: tuple[KeyValue, ...] | None = None,
+    reason: str = "",
+    by: str | None = None,
+) -> SeekResult:
+    """Move a poller's checkpoint under its lease, by compare-and-set, with an audit record.
+
+    ``beginning`` replays everything; ``now`` skips to the latest row currently visible;
+    ``cursor`` restarts at the first row whose cursor is ``>= cursor`` (inclusive).
+    Raises :class:`LeaseHeldError` while a run holds the lease.
+    """
+    by = by or operator_identity()
+    store = definition.store(settings)
+    cfg = definition.config
+    source = definition.source
+    source.open(settings)
+    to: Position | None
+    if target == "beginning":
+        to = None
+    elif target == "now":
+        to = source.latest(source.horizon())
+    else:
+        if cursor is None:
+            raise ValueError("seek to a cursor needs `cursor`")
+        to = Position(cursor=cursor, pk=())
+    grant = store.acquire(cfg.key, f"afdb-seek:{by}", cfg.lease_duration)
+    if grant is None:
+        raise LeaseHeldError(cfg.name, cfg.namespace, store.inspect(cfg.key).holder)
+    try:
+        now = definition.clock.now()
+        stored = store.read(cfg.key)
+        if stored is None:
+            base = Checkpoint(key=cfg.key, fence=grant.fence, source=source.description)
+            moved = base.sought(to, fence=grant.fence, by=by, at=now, reason=reason)
+            store.create(moved)
+            before = None
+        else:
+            before = stored.checkpoint.position
+            moved = stored.checkpoint.sought(to, fence=grant.fence, by=by, at=now, reason=reason)
+            store.replace(moved, stored.etag)
+    finally:
+        store.release(grant)
+    log_event(
+        logger,
+        logging.WARNING,
+        "seek",
+        poller=cfg.name,
+        namespace=cfg.namespace,
+        fence=grant.fence,
+        by=by,
+        from_position=before,
+        to_position=to,
+        reason=reason or None,
+    )
+    return SeekResult(cfg.name, cfg.namespace, before, to, grant.fence, by)

@@ -1,0 +1,134 @@
+"""A poller definition: what the decorator records and what every runner executes.
+
+Runners (the Functions timer, ``afdb run``, backfill) share this one object, so a poller behaves
+the same wherever it runs. Settings (``%NAME%``) are resolved at run time from the environment.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from croniter import croniter
+
+from azure_functions_db.clock import SystemClock
+from azure_functions_db.core.clock import Clock
+from azure_functions_db.core.engine import Engine, Handler, PollerConfig, RunReport
+from azure_functions_db.core.logs import log_event
+from azure_functions_db.errors import ConfigurationError, SettingNotFoundError
+from azure_functions_db.ports import Source, StateStore
+
+logger = logging.getLogger(__name__)
+
+#: Environment variable naming the directory of the default local state store.
+STATE_DIR_SETTING = "AFDB_STATE_DIR"
+DEFAULT_STATE_DIR = ".afdb/state"
+
+
+def setting_name(value: str) -> str | None:
+    """``NAME`` if ``value`` is exactly ``%NAME%``, else ``None``."""
+    if len(value) > 2 and value.startswith("%") and value.endswith("%") and "%" not in value[1:-1]:
+        return value[1:-1]
+    return None
+
+
+def resolve_schedule(schedule: str, settings: Mapping[str, str], poller: str) -> str:
+    """The NCRONTAB expression of ``schedule``, reading ``%NAME%`` from ``settings``."""
+    name = setting_name(schedule)
+    if name is None:
+        return schedule
+    if name not in settings:
+        raise SettingNotFoundError(name, f"the schedule of poller `{poller}`")
+    resolved = settings[name]
+    validate_schedule(resolved, poller)
+    return resolved
+
+
+def validate_schedule(schedule: str, poller: str) -> None:
+    """Check an NCRONTAB expression: six fields, seconds first (``*/30 * * * * *``)."""
+    if setting_name(schedule) is not None:
+        return
+    fields = schedule.split()
+    if len(fields) != 6 or not croniter.is_valid(schedule, second_at_beginning=True):
+        raise ConfigurationError(
+            f"Invalid schedule `{schedule}` for poller `{poller}`: Azure Functions timers use "
+            "NCRONTAB with six fields, seconds first: `{second} {minute} {hour} {day} {month} "
+            '{day-of-week}`, e.g. `"0 */5 * * * *"` (every 5 minutes) or `"*/30 * * * * *"` '
+            "(every 30 seconds). Use `%SETTING%` to read it from an app setting."
+        )
+
+
+def default_owner() -> str:
+    """A readable, unique lease owner: instance (or host), pid and a random suffix."""
+    instance = os.environ.get("WEBSITE_INSTANCE_ID", "")[:12] or socket.gethostname()
+    return f"{instance}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def default_state_store(settings: Mapping[str, str]) -> StateStore:
+    """The state store used when a poller has no ``state=``.
+
+    Locally (``afdb run``, ``afdb demo``, tests): a :class:`LocalStateStore` in
+    ``$AFDB_STATE_DIR`` or ``./.afdb/state``. On an Azure Functions instance a local file is not
+    shared between instances and is lost on scale-in, so there we refuse to guess.
+    """
+    if settings.get("WEBSITE_INSTANCE_ID"):
+        raise ConfigurationError(
+            "No `state=` store was given and this is an Azure Functions instance, where a local "
+            "file store would not be shared between instances. Pass a durable shared store, "
+            "e.g. `state=afdb.LocalStateStore(path)` on a mounted share, or the Blob store."
+        )
+    from azure_functions_db.state.local import LocalStateStore
+
+    return LocalStateStore(Path(settings.get(STATE_DIR_SETTING, DEFAULT_STATE_DIR)))
+
+
+@dataclass(eq=False)
+class PollerDefinition:
+    """Everything one decorated poller needs to run."""
+
+    config: PollerConfig
+    schedule: str
+    source: Source
+    handler: Handler
+    state: StateStore | None = None
+    run_on_startup: bool = False
+    use_monitor: bool | None = None
+    clock: Clock = field(default_factory=SystemClock)
+    _engine: Engine | None = field(default=None, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    def store(self, settings: Mapping[str, str] | None = None) -> StateStore:
+        """The state store this poller uses (``state=``, or the default for this machine)."""
+        if self.state is None:
+            self.state = default_state_store(os.environ if settings is None else settings)
+        return self.state
+
+    def engine(self, settings: Mapping[str, str] | None = None) -> Engine:
+        """The engine for this poller, made once per process."""
+        with self._lock:
+            if self._engine is None:
+                self._engine = Engine(
+                    self.config,
+                    self.source,
+                    self.store(settings),
+                    self.handler,
+                    self.clock,
+                    owner=default_owner(),
+                )
+            return self._engine
+
+    def run_once(self, settings: Mapping[str, str] | None = None) -> RunReport:
+        """One run with settings from ``settings`` (default: the environment, read now)."""
+        env = dict(os.environ if settings is None else settings)
+        log_event(logger, logging.DEBUG, "run_start", poller=self.name)
+        return self.engine(env).run(env)

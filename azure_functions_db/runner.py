@@ -1,0 +1,87 @@
+"""The local runner: a poller's timer schedule without a Functions host (``afdb run``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from croniter import croniter
+
+from azure_functions_db.core.clock import Clock
+from azure_functions_db.core.engine import RunReport
+from azure_functions_db.core.logs import log_event
+from azure_functions_db.errors import AfdbError
+from azure_functions_db.poller import PollerDefinition, resolve_schedule
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """One run of one poller: its report, or the error that ended it."""
+
+    poller: str
+    report: RunReport | None
+    error: AfdbError | None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def run_one(definition: PollerDefinition, settings: Mapping[str, str]) -> RunOutcome:
+    """Run a poller once; library errors become a failed outcome, bugs propagate."""
+    try:
+        return RunOutcome(definition.name, definition.run_once(settings), None)
+    except AfdbError as exc:
+        log_event(
+            logger,
+            logging.ERROR,
+            "run_failed",
+            poller=definition.name,
+            namespace=definition.config.namespace,
+            error=str(exc),
+        )
+        return RunOutcome(definition.name, None, exc)
+
+
+def run_scheduled(
+    pollers: Sequence[PollerDefinition],
+    settings: Mapping[str, str],
+    clock: Clock,
+    *,
+    stop: threading.Event,
+    on_outcome: Callable[[RunOutcome], None] = lambda _: None,
+) -> int:
+    """Run pollers on their NCRONTAB schedules until ``stop`` is set; return failed-run count.
+
+    Runs are sequential, so one poller never overlaps itself (as with the Functions timer).
+    """
+    now = clock.now()
+    schedules = {p.name: resolve_schedule(p.schedule, settings, p.name) for p in pollers}
+    due: dict[str, dt.datetime] = {}
+    for p in pollers:
+        due[p.name] = now if p.run_on_startup else _next_fire(schedules[p.name], now)
+    failures = 0
+    while not stop.is_set():
+        name = min(due, key=lambda n: due[n])
+        wait = (due[name] - clock.now()).total_seconds()
+        if wait > 0:
+            if stop.wait(wait):
+                break
+            continue
+        definition = next(p for p in pollers if p.name == name)
+        outcome = run_one(definition, settings)
+        failures += 0 if outcome.ok else 1
+        on_outcome(outcome)
+        due[name] = _next_fire(schedules[name], clock.now())
+    return failures
+
+
+def _next_fire(schedule: str, after: dt.datetime) -> dt.datetime:
+    it = croniter(schedule, after, second_at_beginning=True)
+    fire: dt.datetime = it.get_next(dt.datetime)
+    return fire

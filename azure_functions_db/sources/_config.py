@@ -1,0 +1,250 @@
+"""Checking and resolving the options of :class:`~azure_functions_db.sources.SqlSource`.
+
+Everything that can be checked without a database is checked at construction, with messages that
+name the offending value in backticks and say how to fix it; the rest (settings, the URL, names
+against the reflected table) is resolved in ``open()``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import math
+import re
+import zoneinfo
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.sql import visitors
+from sqlalchemy.sql.elements import ColumnClause, ColumnElement, TextClause
+
+from azure_functions_db.errors import (
+    ConfigurationError,
+    SettingNotFoundError,
+    SourceDefinitionError,
+)
+from azure_functions_db.sources._keyset import RESERVED_PREFIX
+
+PLACEHOLDER = re.compile(r"%([A-Za-z_][A-Za-z0-9_]*)%")
+_LISTED_TABLES = 10
+
+
+def check_name(value: object, option: str) -> str:
+    """``value`` if it is a usable table, schema or column name."""
+    if not isinstance(value, str) or not value.strip() or value != value.strip():
+        raise ConfigurationError(
+            f"`{option}={value!r}` is not a valid name: pass the exact {option} name as a "
+            "non-empty string without surrounding spaces."
+        )
+    return value
+
+
+def check_names(value: object, option: str) -> tuple[str, ...]:
+    """One name or a non-empty list of distinct names, as a tuple."""
+    if isinstance(value, str):
+        if option == "columns":
+            raise ConfigurationError(
+                f'`columns={value!r}` must be a list of column names, e.g. `columns=["{value}"]`.'
+            )
+        return (check_name(value, option),)
+    if not isinstance(value, Sequence) or not value:
+        raise ConfigurationError(
+            f"`{option}={value!r}` must be a column name or a non-empty list of column names."
+        )
+    names = tuple(check_name(item, option) for item in value)
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ConfigurationError(
+            f"`{option}={list(names)!r}` names `{duplicates[0]}` twice: list each column once."
+        )
+    return names
+
+
+def check_lag(value: object) -> dt.timedelta:
+    """Seconds or a timedelta, zero or more, as a timedelta."""
+    if isinstance(value, dt.timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise ConfigurationError(
+            f"`lag={value!r}` must be a number of seconds or a `datetime.timedelta`."
+        )
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ConfigurationError(
+            f"`lag={value!r}` must be zero or a positive, finite number of seconds, e.g. "
+            "`lag=5` to read rows once they are 5 seconds old."
+        )
+    return value if isinstance(value, dt.timedelta) else dt.timedelta(seconds=seconds)
+
+
+def check_zone(name: str | None) -> dt.tzinfo:
+    """The IANA zone ``name``; UTC when ``None``."""
+    if name is None:
+        return dt.UTC
+    try:
+        return zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, TypeError) as exc:
+        raise ConfigurationError(
+            f"`cursor_timezone={name!r}` is not a known time zone: use an IANA name such as "
+            '`"UTC"` or `"Europe/Paris"`.'
+        ) from exc
+
+
+def where_filter(
+    where: object, params: Mapping[str, Any] | None
+) -> tuple[ColumnElement[bool] | TextClause | None, dict[str, Any], str | None]:
+    """The filter clause, its parameter values, and its fingerprint (SQL text + param names)."""
+    if params is not None and not isinstance(params, Mapping):
+        raise ConfigurationError(
+            f"`params` must be a mapping of names to values, got `{params!r}`."
+        )
+    values = dict(params or {})
+    if where is None:
+        if values:
+            raise ConfigurationError(
+                f"`params={sorted(values)}` given without `where=`: params are the values of the "
+                "`:name` parameters of a `where` text."
+            )
+        return None, values, None
+    clause: ColumnElement[bool] | TextClause
+    if isinstance(where, str):
+        clause = sa.text(where)
+    elif isinstance(where, TextClause | ColumnElement):
+        clause = where
+    else:
+        raise ConfigurationError(
+            f"`where={where!r}` is not a filter: pass a SQLAlchemy clause such as "
+            '`sa.column("status") == "paid"`, or SQL text with `:name` parameters and their '
+            "values in `params=`."
+        )
+    binds = [b for b in visitors.iterate(clause) if isinstance(b, sa.BindParameter)]
+    try:
+        compiled = clause.compile()
+    except sa_exc.SQLAlchemyError as exc:
+        raise ConfigurationError(
+            f"`where` cannot be rendered as SQL ({exc}): pass a SQLAlchemy clause or SQL text."
+        ) from exc
+    names = set(compiled.params)
+    for name in sorted({*names, *values}):
+        if name.startswith(RESERVED_PREFIX):
+            raise ConfigurationError(
+                f"Parameter `{name}` of `where` uses the reserved prefix `{RESERVED_PREFIX}`: "
+                "rename it."
+            )
+    missing = sorted({str(b.key) for b in binds if b.required} - set(values))
+    if missing:
+        raise ConfigurationError(
+            f"`where` uses the parameter `:{missing[0]}` but `params=` has no value for it: pass "
+            f"`params={{{missing[0]!r}: ...}}`. Put values in params, never into the SQL text."
+        )
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ConfigurationError(
+            f"`params` has `{unknown[0]}` but `where` has no parameter `:{unknown[0]}`: fix the "
+            "name in the filter or in params."
+        )
+    canonical = " ".join(compiled.string.split()) + "|" + ",".join(sorted(names))
+    fingerprint = "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+    return clause, values, fingerprint
+
+
+def resolve_settings(template: str, settings: Mapping[str, str], where: str) -> str:
+    """``template`` with every ``%NAME%`` replaced by ``settings[NAME]`` (one pass)."""
+
+    def replace(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in settings:
+            raise SettingNotFoundError(name, where=where)
+        return settings[name]
+
+    return PLACEHOLDER.sub(replace, template)
+
+
+def parse_url(text: str, table: str) -> sa.URL:
+    """``text`` as a SQLAlchemy URL; the error repeats neither the text nor the parser's words."""
+    try:
+        return sa.make_url(text)
+    except (sa_exc.ArgumentError, ValueError):
+        raise ConfigurationError(
+            f"The database URL of the source of table `{table}` cannot be parsed. Expected a "
+            "SQLAlchemy URL such as `postgresql+psycopg://user:password@host:5432/db`."
+        ) from None
+
+
+def masked_url(template: str) -> str:
+    """``template`` with any literal password masked, placeholders shown as written."""
+    settings = PLACEHOLDER.findall(template)
+    tokens = {f"afdbsetting{i}x": f"%{name}%" for i, name in enumerate(settings)}
+    text = template
+    for token, placeholder in tokens.items():
+        text = text.replace(placeholder, token, 1)
+    try:
+        text = sa.make_url(text).render_as_string(hide_password=True)
+    except (sa_exc.ArgumentError, ValueError):
+        if set(PLACEHOLDER.sub("", template).strip()) - {""}:
+            return "<database url>"
+        return template
+    for token, placeholder in tokens.items():
+        text = text.replace(token, placeholder)
+    return text
+
+
+def table_column(table: sa.Table, name: str, option: str) -> sa.Column[Any]:
+    """The reflected column ``name``, or an error listing the columns that exist."""
+    if name in table.c:
+        return table.c[name]
+    existing = ", ".join(f"`{c.name}`" for c in table.columns)
+    similar = [c.name for c in table.columns if c.name.lower() == name.lower()]
+    hint = f" Did you mean `{similar[0]}`?" if similar else ""
+    raise SourceDefinitionError(
+        f"Column `{name}` (in `{option}=`) does not exist in table `{table.fullname}`.{hint} "
+        f"Its columns are: {existing}."
+    )
+
+
+def bind_to(where: ColumnElement[bool], table: sa.Table, qualified: str) -> ColumnElement[bool]:
+    """``where`` with bare ``sa.column("x")`` (or ``x`` of a same-named table) bound to ``table``.
+
+    A clause written before the table was reflected cannot hold its columns; binding them here
+    keeps the statement on one FROM (no accidental cross join) and checks every name.
+    """
+
+    def replace(element: visitors.ExternallyTraversible, **kw: Any) -> ColumnElement[Any] | None:
+        if not isinstance(element, ColumnClause) or element.is_literal:
+            return None
+        owner = element.table
+        if owner is table:
+            return None
+        if owner is not None and getattr(owner, "name", None) != table.name:
+            return None
+        if element.name not in table.c:
+            existing = ", ".join(f"`{c.name}`" for c in table.columns)
+            raise SourceDefinitionError(
+                f"`where` of `{qualified}` uses column `{element.name}`, which the table does "
+                f"not have. Its columns are: {existing}."
+            )
+        return table.c[element.name]
+
+    return visitors.replacement_traverse(where, {}, replace)
+
+
+def missing_table(
+    table: str, schema: str | None, existing: Sequence[str], url: str
+) -> SourceDefinitionError:
+    """The error for a table reflection did not find, listing up to ten tables that exist."""
+    qualified = f"{schema}.{table}" if schema else table
+    shown = ", ".join(f"`{name}`" for name in sorted(existing)[:_LISTED_TABLES])
+    more = len(existing) - _LISTED_TABLES
+    listing = (
+        f"Tables there: {shown}{f' (and {more} more)' if more > 0 else ''}."
+        if existing
+        else "That database has no tables: is the URL right?"
+    )
+    hint = " To name a schema, pass `schema=` separately." if "." in table and not schema else ""
+    return SourceDefinitionError(
+        f"Table `{qualified}` does not exist in `{url}`. {listing} Fix `table=` (or `schema=`) "
+        f"or the database URL.{hint}"
+    )

@@ -1,0 +1,197 @@
+"""The keyset statements of one source: the batch query, the latest row, the NULL-cursor count.
+
+The "after" predicate ``K > V`` for the key tuple ``K = (k1, ..., kn)`` is written in the nested
+form with a redundant lower bound::
+
+    k1 >= :v1 AND (k1 > :v1 OR (k2 >= :v2 AND (k2 > :v2 OR ... (kn > :vn))))
+
+Measured on 1M rows with an index on ``(k1, k2)`` (SPEC §5.2), this is the only form that gets an
+index range condition on PostgreSQL *and* MariaDB: the plain ``k1 > :v1 OR (k1 = :v1 AND ...)``
+form is not turned into an index condition by PostgreSQL, the row-value ``(k1, k2) > (...)`` form
+makes MariaDB scan the whole index, and SQL Server has no row values at all. Every value is a bound
+parameter typed with its column's type; nothing is spliced into SQL text.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, TypeAlias
+
+import sqlalchemy as sa
+from sqlalchemy.sql.elements import ColumnElement, Grouping
+
+from azure_functions_db.core.position import KeyValue, Position
+
+#: Where a batch starts: from the beginning, strictly after a full key, or at a cursor value
+#: (a position without pk values sorts before every row with that cursor).
+Start: TypeAlias = Literal["beginning", "after", "at"]
+
+#: A SELECT of any columns.
+AnySelect: TypeAlias = "sa.Select[*tuple[Any, ...]]"
+
+#: Bound-parameter names this module owns; user ``params`` may not use the prefix.
+RESERVED_PREFIX = "afdb_"
+HORIZON_PARAM = "afdb_horizon"
+
+_MAX_CACHED_LIMITS = 8
+
+
+def key_param(index: int) -> str:
+    """The bound-parameter name of the ``index``-th value of the key tuple."""
+    return f"afdb_k{index}"
+
+
+def after_predicate(
+    columns: Sequence[ColumnElement[Any]],
+    values: Sequence[ColumnElement[Any]],
+    *,
+    inclusive: bool = False,
+) -> ColumnElement[bool]:
+    """``columns > values`` as tuples (``>=`` when ``inclusive``), in the nested form.
+
+    The comparison on the last column is ``>`` (or ``>=``); every earlier column gets the
+    redundant ``>=`` lower bound that lets the planner use an index range on the leading column.
+    """
+    if not columns or len(columns) != len(values):
+        raise ValueError("after_predicate needs as many values as columns (at least one)")
+    last_column, last_value = columns[-1], values[-1]
+    predicate: ColumnElement[bool] = (
+        last_column >= last_value if inclusive else last_column > last_value
+    )
+    for column, value in zip(reversed(columns[:-1]), reversed(values[:-1]), strict=True):
+        predicate = sa.and_(column >= value, sa.or_(column > value, predicate))
+    return predicate
+
+
+class KeysetQuery:
+    """The statements of one source, built once at ``open()`` and reused for every batch.
+
+    ``where`` is the user's filter, already resolved against ``table`` (a text filter arrives
+    wrapped in parentheses so its ``OR`` cannot escape into the keyset predicate).
+    """
+
+    def __init__(
+        self,
+        table: sa.Table,
+        *,
+        selected: Sequence[sa.Column[Any]],
+        cursor: Sequence[sa.Column[Any]],
+        pk: Sequence[sa.Column[Any]],
+        where: ColumnElement[bool] | None,
+    ) -> None:
+        self.table = table
+        self.selected = tuple(selected)
+        self.cursor = tuple(cursor)
+        self.pk = tuple(pk)
+        self.where = where
+        key = (*self.cursor, *self.pk)
+        self._key_params = tuple(
+            sa.bindparam(key_param(i), type_=column.type) for i, column in enumerate(key)
+        )
+        self._horizon_param = sa.bindparam(HORIZON_PARAM, type_=self.cursor[0].type)
+        self._base: dict[tuple[Start, bool], AnySelect] = {
+            (start, bounded): self._build(start, bounded)
+            for start in ("beginning", "after", "at")
+            for bounded in (False, True)
+        }
+        self._limited: dict[tuple[Start, bool, int], AnySelect] = {}
+        self._latest = {bounded: self._build_latest(bounded) for bounded in (False, True)}
+
+    # -- statements -------------------------------------------------------------------------
+
+    def batch(self, start: Start, bounded: bool, limit: int) -> AnySelect:
+        """``SELECT ... WHERE <after> [AND lead < :horizon] ... ORDER BY key LIMIT limit``.
+
+        ``.limit()`` lets each dialect render its own form (``LIMIT``, ``TOP``, ``FETCH``).
+        """
+        cache_key = (start, bounded, limit)
+        statement = self._limited.get(cache_key)
+        if statement is None:
+            if len(self._limited) >= _MAX_CACHED_LIMITS:
+                self._limited.clear()
+            statement = self._base[start, bounded].limit(limit)
+            self._limited[cache_key] = statement
+        return statement
+
+    def latest(self, bounded: bool) -> AnySelect:
+        """The key of the last row (below ``:afdb_horizon`` when ``bounded``)."""
+        return self._latest[bounded]
+
+    def null_counts(self) -> AnySelect:
+        """One row: rows with any NULL cursor column, then the NULL count of each column."""
+        any_null = sa.or_(*(column.is_(None) for column in self.cursor))
+        per_column = [
+            sa.func.count(sa.case((column.is_(None), 1))).label(f"null_{i}")
+            for i, column in enumerate(self.cursor)
+        ]
+        statement = sa.select(sa.func.count().label("rows"), *per_column).select_from(self.table)
+        return self._filtered(statement.where(any_null))
+
+    # -- parameters -------------------------------------------------------------------------
+
+    def start_of(self, after: Position | None) -> Start:
+        """Which statement continues from ``after``."""
+        if after is None:
+            return "beginning"
+        return "after" if after.pk else "at"
+
+    def parameters(
+        self, after: Position | None, horizon: KeyValue | None, user: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Execution parameters: the user's filter values, the key values, the horizon."""
+        values: dict[str, Any] = dict(user)
+        if after is not None:
+            for i, value in enumerate(after.key):
+                values[key_param(i)] = value
+        if horizon is not None:
+            values[HORIZON_PARAM] = horizon
+        return values
+
+    # -- building ---------------------------------------------------------------------------
+
+    def _filtered(self, statement: AnySelect) -> AnySelect:
+        return statement if self.where is None else statement.where(self.where)
+
+    def _guards(self, start: Start, bounded: bool) -> list[ColumnElement[bool]]:
+        conditions: list[ColumnElement[bool]] = []
+        if start == "after":
+            key = (*self.cursor, *self.pk)
+            conditions.append(after_predicate(key, self._key_params))
+        elif start == "at":
+            conditions.append(
+                after_predicate(self.cursor, self._key_params[: len(self.cursor)], inclusive=True)
+            )
+        if bounded:
+            conditions.append(self.cursor[0] < self._horizon_param)
+        # The comparisons above already exclude a NULL leading cursor; later cursor columns
+        # (and the leading one when nothing compares it) need an explicit guard.
+        guarded_lead = start != "beginning" or bounded
+        conditions.extend(
+            column.is_not(None) for i, column in enumerate(self.cursor) if i > 0 or not guarded_lead
+        )
+        return conditions
+
+    def _build(self, start: Start, bounded: bool) -> AnySelect:
+        statement = sa.select(*self.selected).where(*self._guards(start, bounded))
+        return self._filtered(statement).order_by(*self.cursor, *self.pk)
+
+    def _build_latest(self, bounded: bool) -> AnySelect:
+        statement = sa.select(*self.cursor, *self.pk).where(*self._guards("beginning", bounded))
+        order = [column.desc() for column in (*self.cursor, *self.pk)]
+        return self._filtered(statement).order_by(*order).limit(1)
+
+
+def text_filter(clause: sa.TextClause) -> ColumnElement[bool]:
+    """A text filter in parentheses, so ``a OR b`` stays one term of the ``AND``."""
+    return Grouping(clause)
+
+
+def picker(indexes: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    """A fast ``row -> tuple(row[i] for i in indexes)`` for the per-row hot path."""
+    if len(indexes) == 1:
+        (index,) = indexes
+        return lambda row: (row[index],)
+    if not indexes:
+        return lambda row: ()
+    return operator.itemgetter(*indexes)

@@ -1,0 +1,174 @@
+"""Python values of cursor columns: what a reflected column holds, and parsing operator text.
+
+Positions carry exactly the values the driver returned, so they bind back into the keyset query
+unchanged and compare in the database the way the rows do. Only two things here make values:
+:func:`parse_value` (operator input for ``seek --cursor``) and :func:`time_bound` (the lag
+horizon). Both follow one rule for naive time columns: a naive column holds wall-clock time in the
+source's ``cursor_timezone``, UTC unless configured.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import uuid
+from collections.abc import Callable
+from decimal import Decimal, InvalidOperation
+from typing import Any, Literal, TypeAlias
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.mssql import DATETIMEOFFSET
+
+from azure_functions_db.core.position import KeyValue
+from azure_functions_db.errors import ConfigurationError
+
+Kind: TypeAlias = Literal[
+    "int",
+    "decimal",
+    "float",
+    "datetime",
+    "datetime_tz",
+    "date",
+    "time",
+    "str",
+    "uuid",
+    "bytes",
+    "bool",
+]
+
+_EXPECTED: dict[Kind, str] = {
+    "int": "an integer such as `42`",
+    "decimal": "a decimal number such as `12.50`",
+    "float": "a number such as `1.5`",
+    "datetime": "an ISO 8601 date-time such as `2026-01-31T12:00:00`",
+    "datetime_tz": "an ISO 8601 date-time such as `2026-01-31T12:00:00+00:00`",
+    "date": "an ISO 8601 date such as `2026-01-31`",
+    "time": "an ISO 8601 time such as `12:30:00`",
+    "str": "text",
+    "uuid": "a UUID such as `12345678-1234-5678-1234-567812345678`",
+    "bytes": "hexadecimal bytes such as `0x00000000000007d1`",
+    "bool": "`true` or `false`",
+}
+
+
+def column_kind(column: sa.Column[Any]) -> Kind | None:
+    """The kind of Python value the driver returns for ``column``, or ``None`` if unsupported."""
+    type_ = column.type
+    if isinstance(type_, DATETIMEOFFSET) or (isinstance(type_, sa.DateTime) and type_.timezone):
+        return "datetime_tz"
+    if isinstance(type_, sa.Uuid):
+        return "uuid" if type_.as_uuid else "str"
+    try:
+        python_type = type_.python_type
+    except NotImplementedError:
+        return None
+    # Subclasses first: bool is an int, datetime is a date.
+    for candidate, kind in (
+        (bool, "bool"),
+        (int, "int"),
+        (Decimal, "decimal"),
+        (float, "float"),
+        (dt.datetime, "datetime"),
+        (dt.date, "date"),
+        (dt.time, "time"),
+        (str, "str"),
+        (uuid.UUID, "uuid"),
+        (bytes, "bytes"),
+    ):
+        if issubclass(python_type, candidate):
+            return kind  # type: ignore[return-value]
+    return None
+
+
+def parse_value(text: str, column: sa.Column[Any], zone: dt.tzinfo) -> KeyValue:
+    """``text`` as a value of ``column``'s type; raises :class:`ConfigurationError`.
+
+    A naive date-time for a tz-aware column is read in ``zone``; an aware one for a naive column
+    is converted to ``zone`` and made naive (naive columns hold wall-clock time in ``zone``).
+    """
+    kind = column_kind(column)
+    if kind is None:
+        raise ConfigurationError(
+            f"Cursor column `{column.name}` has type `{column.type}`, which `seek --cursor` "
+            "cannot parse. Use `seek --time`, `--beginning` or `--now` instead."
+        )
+    value = text if kind == "str" else text.strip()
+    try:
+        return _PARSERS[kind](value, zone)
+    except (ValueError, ArithmeticError, InvalidOperation) as exc:
+        raise ConfigurationError(
+            f"Cannot read `{text}` as a value of cursor column `{column.name}` "
+            f"({column.type}): expected {_EXPECTED[kind]}."
+        ) from exc
+
+
+def time_bound(moment: dt.datetime, column: sa.Column[Any], zone: dt.tzinfo) -> KeyValue | None:
+    """``moment`` (aware) as a bound comparable with ``column``, or ``None`` if not a time type.
+
+    Aware columns get the aware UTC value; naive date-time columns the wall-clock time in
+    ``zone``; date columns the date in ``zone``.
+    """
+    kind = column_kind(column)
+    if kind == "datetime_tz":
+        return moment.astimezone(dt.UTC)
+    if kind == "datetime":
+        return moment.astimezone(zone).replace(tzinfo=None)
+    if kind == "date":
+        return moment.astimezone(zone).date()
+    return None
+
+
+def _datetime(text: str, zone: dt.tzinfo) -> dt.datetime:
+    value = dt.datetime.fromisoformat(text)
+    if value.tzinfo is None:
+        return value
+    return value.astimezone(zone).replace(tzinfo=None)
+
+
+def _datetime_tz(text: str, zone: dt.tzinfo) -> dt.datetime:
+    value = dt.datetime.fromisoformat(text)
+    return value.replace(tzinfo=zone) if value.tzinfo is None else value
+
+
+def _int(text: str, zone: dt.tzinfo) -> int:
+    return int(text)
+
+
+def _decimal(text: str, zone: dt.tzinfo) -> Decimal:
+    value = Decimal(text)
+    if not value.is_finite():
+        raise ValueError("not a finite number")
+    return value
+
+
+def _float(text: str, zone: dt.tzinfo) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError("not a finite number")
+    return value
+
+
+def _bytes(text: str, zone: dt.tzinfo) -> bytes:
+    return bytes.fromhex(text[2:] if text[:2].lower() == "0x" else text)
+
+
+def _bool(text: str, zone: dt.tzinfo) -> bool:
+    lowered = text.lower()
+    if lowered not in ("true", "false", "1", "0"):
+        raise ValueError("not a boolean")
+    return lowered in ("true", "1")
+
+
+_PARSERS: dict[Kind, Callable[[str, dt.tzinfo], KeyValue]] = {
+    "int": _int,
+    "decimal": _decimal,
+    "float": _float,
+    "datetime": _datetime,
+    "datetime_tz": _datetime_tz,
+    "date": lambda text, zone: dt.date.fromisoformat(text),
+    "time": lambda text, zone: dt.time.fromisoformat(text),
+    "str": lambda text, zone: text,
+    "uuid": lambda text, zone: uuid.UUID(text),
+    "bytes": _bytes,
+    "bool": _bool,
+}

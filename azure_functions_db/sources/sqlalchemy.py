@@ -1,0 +1,464 @@
+"""``SqlSource``: changed rows of one table, read in keyset batches with SQLAlchemy 2 Core.
+
+Works with every database SQLAlchemy has a dialect for (PostgreSQL, MySQL/MariaDB, SQL Server,
+SQLite, ...). Tables and columns are reflected and quoted by SQLAlchemy; values are always bound
+parameters; a user filter is a SQLAlchemy clause or SQL text whose values go in ``params=``.
+
+Time zones. Positions carry exactly the values the driver returned and are bound back unchanged,
+so they compare in the database exactly as the rows do. A *naive* date-time cursor column (SQLite
+``DATETIME``, PostgreSQL ``timestamp``, MySQL ``DATETIME``/``TIMESTAMP``, SQL Server
+``datetime2``) is taken to hold wall-clock time in ``cursor_timezone`` (UTC unless set): that rule
+is used only where this module makes a time value itself, namely the lag horizon and operator
+input to ``seek --cursor``. Aware columns (``timestamptz``, ``datetimeoffset``) need no zone.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import urllib.parse
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, Literal
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.sql.elements import ColumnElement, TextClause
+
+from azure_functions_db.clock import SystemClock
+from azure_functions_db.core.checkpoint import SourceDescription
+from azure_functions_db.core.clock import Clock
+from azure_functions_db.core.position import CodecError, KeyValue, Position
+from azure_functions_db.errors import (
+    AfdbError,
+    ConfigurationError,
+    NullCursorError,
+    SourceDefinitionError,
+    SourceError,
+    TransientSourceError,
+)
+from azure_functions_db.ports import Horizon, SourceHealth, SourceRow
+from azure_functions_db.sources import _config as config
+from azure_functions_db.sources import _health as health
+from azure_functions_db.sources._horizon import HorizonStrategy, LagHorizon, NoHorizon
+from azure_functions_db.sources._keyset import KeysetQuery, picker, text_filter
+from azure_functions_db.sources._values import parse_value
+
+__all__ = ["HorizonStrategy", "LagHorizon", "NoHorizon", "SqlSource"]
+
+logger = logging.getLogger(__name__)
+
+# OperationalError is how sqlite3 and some MySQL drivers report mistakes that retrying cannot fix.
+_PERMANENT = ("no such table", "no such column", "syntax error", "unknown column", "doesn't exist")
+
+
+# --------------------------------------------------------------------------------------------
+# The source
+# --------------------------------------------------------------------------------------------
+
+
+class SqlSource:
+    """Changed rows of ``table``, in ``ORDER BY cursor..., pk...`` keyset batches.
+
+    Args:
+        url: SQLAlchemy URL; ``%NAME%`` placeholders (the whole URL or parts of it) are read
+            from app settings in :meth:`open`, never at construction.
+        table: Table (or view) name. ``schema=`` names its schema.
+        cursor: Column(s) that never decrease when a row changes, e.g. ``updated_at``.
+        pk: Unique, stable column(s) breaking ties; ``None`` uses the table's primary key.
+        where: Extra filter: a SQLAlchemy clause (``sa.column("status") == "paid"``) or SQL
+            text with ``:name`` parameters whose values go in ``params=``. Never splice values
+            into the text. Its SQL and parameter names (not values) are fingerprinted into the
+            checkpoint's source description.
+        params: Values of the ``:name`` parameters of ``where``.
+        columns: Columns to read into ``SourceRow.data`` (cursor and pk columns always are);
+            ``None`` reads all.
+        lag: Seconds (or a timedelta) a row must age before it is read; needs a date-time cursor.
+        cursor_timezone: IANA zone of a naive date-time cursor (default UTC).
+        on_null_cursor: ``"skip"`` counts and reports rows with a NULL cursor in :meth:`check`;
+            ``"raise"`` makes :meth:`check` raise ``NullCursorError``.
+        engine_options: Extra ``sqlalchemy.create_engine`` arguments.
+        horizon: Horizon strategy; default :class:`LagHorizon` when ``lag > 0``, else none.
+        clock: Time source for the horizon; default the system clock.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        table: str,
+        cursor: str | Sequence[str],
+        pk: str | Sequence[str] | None = None,
+        *,
+        schema: str | None = None,
+        where: ColumnElement[bool] | TextClause | str | None = None,
+        params: Mapping[str, Any] | None = None,
+        columns: Sequence[str] | None = None,
+        lag: float | dt.timedelta = 0,
+        cursor_timezone: str | None = None,
+        on_null_cursor: Literal["skip", "raise"] = "skip",
+        engine_options: Mapping[str, Any] | None = None,
+        horizon: HorizonStrategy | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        if not isinstance(url, str) or not url.strip():
+            raise ConfigurationError(
+                f"`url={url!r}` is not a database URL. Pass a SQLAlchemy URL or a setting "
+                'reference such as `url="%ORDERS_DB_URL%"`.'
+            )
+        self._url_template = url
+        self._table_name = config.check_name(table, "table")
+        self._schema = None if schema is None else config.check_name(schema, "schema")
+        self._qualified = f"{self._schema}.{self._table_name}" if schema else self._table_name
+        self._cursor_names = config.check_names(cursor, "cursor")
+        self._pk_names = None if pk is None else config.check_names(pk, "pk")
+        self._column_names = None if columns is None else config.check_names(columns, "columns")
+        self._lag = config.check_lag(lag)
+        self._zone = config.check_zone(cursor_timezone)
+        if on_null_cursor not in ("skip", "raise"):
+            raise ConfigurationError(
+                f'`on_null_cursor={on_null_cursor!r}` is not an option: use `"skip"` (count and '
+                'report NULL-cursor rows) or `"raise"` (fail the check).'
+            )
+        self._on_null_cursor = on_null_cursor
+        self._where, self._params, self._where_print = config.where_filter(where, params)
+        if engine_options is not None and not isinstance(engine_options, Mapping):
+            raise ConfigurationError(
+                f"`engine_options` must be a mapping of create_engine arguments, got "
+                f"`{engine_options!r}`."
+            )
+        self._engine_options = dict(engine_options or {})
+        if horizon is not None and not isinstance(horizon, HorizonStrategy):
+            raise ConfigurationError(
+                f"`horizon={horizon!r}` is not a horizon strategy: pass `LagHorizon()`, "
+                "`NoHorizon()` or an object with `name`, `prepare()` and `bound()`."
+            )
+        self._horizon: HorizonStrategy = horizon or (
+            LagHorizon() if self._lag > dt.timedelta(0) else NoHorizon()
+        )
+        self._clock: Clock = clock or SystemClock()
+        self._engine: sa.Engine | None = None
+        self._query: KeysetQuery | None = None
+        self._masked_url = config.masked_url(url)
+        self._secrets: tuple[str, ...] = ()
+        self._names: tuple[str, ...] = ()
+        self._cursor_of = self._pk_of = picker([])
+
+    # -- configuration seen by the engine and horizon strategies ----------------------------
+
+    @property
+    def description(self) -> SourceDescription:
+        """Table (schema-qualified), cursor and pk columns, and the ``where`` fingerprint.
+
+        With ``pk=None`` the primary key is known only after :meth:`open`; before, ``pk`` is
+        empty.
+        """
+        pk = self._pk_names
+        if pk is None:
+            pk = () if self._query is None else tuple(c.name for c in self._query.pk)
+        return SourceDescription(
+            table=self._qualified, cursor=self._cursor_names, pk=pk, where=self._where_print
+        )
+
+    @property
+    def lag(self) -> dt.timedelta:
+        """How long a row must age before it is read (zero: no lag)."""
+        return self._lag
+
+    @property
+    def cursor_timezone(self) -> dt.tzinfo:
+        """The zone a naive date-time cursor holds wall-clock time in (UTC unless configured)."""
+        return self._zone
+
+    @property
+    def engine(self) -> sa.Engine:
+        """The SQLAlchemy engine (for horizon strategies); raises if the source is not open."""
+        self._require_open()
+        assert self._engine is not None
+        return self._engine
+
+    @property
+    def cursor_columns(self) -> tuple[sa.Column[Any], ...]:
+        """The reflected cursor columns; raises if the source is not open."""
+        return self._require_open().cursor
+
+    @property
+    def pk_columns(self) -> tuple[sa.Column[Any], ...]:
+        """The reflected pk columns; raises if the source is not open."""
+        return self._require_open().pk
+
+    # -- the Source port ---------------------------------------------------------------------
+
+    def open(self, settings: Mapping[str, str]) -> None:
+        """Resolve ``%NAME%`` placeholders, create the engine, reflect the table. Idempotent."""
+        if self._query is not None:
+            return
+        url = config.parse_url(
+            config.resolve_settings(
+                self._url_template, settings, f"the source of table `{self._qualified}`"
+            ),
+            self._qualified,
+        )
+        self._masked_url = url.render_as_string(hide_password=True)
+        password = url.password
+        self._secrets = (
+            (password, urllib.parse.quote_plus(password), urllib.parse.quote(password, safe=""))
+            if password
+            else ()
+        )
+        engine = self._create_engine(url)
+        try:
+            with self._db_errors("reflect"), engine.connect() as conn:
+                table = self._reflect(conn)
+            self._engine, self._query = engine, self._build(table)
+            self._names = tuple(column.name for column in self._query.selected)
+            self._cursor_of = picker([self._names.index(c.name) for c in self._query.cursor])
+            self._pk_of = picker([self._names.index(c.name) for c in self._query.pk])
+            self._horizon.prepare(self)
+        except BaseException:
+            self._engine = self._query = None
+            engine.dispose()
+            raise
+        logger.info(
+            "action=source_open table=%s url=%s cursor=%s pk=%s horizon=%s",
+            self._qualified,
+            self._masked_url,
+            ",".join(self._cursor_names),
+            ",".join(self.description.pk),
+            self._horizon.name,
+        )
+
+    def horizon(self) -> Horizon:
+        """The bound of the next batch, from the horizon strategy (the lag costs no query)."""
+        self._require_open()
+        with self._db_errors("horizon"):
+            bound = self._horizon.bound(self, self._clock.now())
+        return Horizon(bound=bound, method=self._horizon.name if bound is not None else "none")
+
+    def fetch(self, after: Position | None, limit: int, horizon: Horizon) -> Sequence[SourceRow]:
+        """Up to ``limit`` rows strictly after ``after`` and below ``horizon``, in keyset order."""
+        query = self._require_open()
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ConfigurationError(f"`limit={limit!r}` must be a positive number of rows.")
+        self._check_position(after, query)
+        statement = query.batch(query.start_of(after), horizon.bound is not None, limit)
+        parameters = query.parameters(after, horizon.bound, self._params)
+        with self._db_errors("fetch"), self.engine.connect() as conn:
+            rows = conn.execute(statement, parameters).all()
+        return self._to_rows(rows)
+
+    def latest(self, horizon: Horizon) -> Position | None:
+        """Position of the last row below ``horizon`` (for ``seek --now``), or ``None``."""
+        query = self._require_open()
+        statement = query.latest(horizon.bound is not None)
+        parameters = query.parameters(None, horizon.bound, self._params)
+        with self._db_errors("latest"), self.engine.connect() as conn:
+            row = conn.execute(statement, parameters).first()
+        if row is None:
+            return None
+        count = len(query.cursor)
+        return self._position(tuple(row[:count]), tuple(row[count:]))
+
+    def parse_cursor(self, text: str) -> tuple[KeyValue, ...]:
+        """Operator text as cursor values; composite cursors take comma-separated values.
+
+        Whitespace around comma-separated values is ignored; a single text cursor is taken as
+        is. Date-times use ISO 8601; bytes (``rowversion``) are hexadecimal, ``0x`` optional.
+        """
+        columns = self._require_open().cursor
+        if len(columns) == 1:
+            return (parse_value(text, columns[0], self._zone),)
+        parts = [part.strip() for part in text.split(",", len(columns) - 1)]
+        if len(parts) != len(columns):
+            names = ", ".join(f"`{column.name}`" for column in columns)
+            raise ConfigurationError(
+                f"`{text}` has {len(parts)} value(s) but the cursor of `{self._qualified}` has "
+                f"{len(columns)} columns ({names}): give one value per column, separated by "
+                "commas."
+            )
+        return tuple(parse_value(p, c, self._zone) for p, c in zip(parts, columns, strict=True))
+
+    def check(self) -> SourceHealth:
+        """Count NULL-cursor rows (raising ``NullCursorError`` if so configured); check indexes."""
+        query = self._require_open()
+        with self._db_errors("check"), self.engine.connect() as conn:
+            counts = conn.execute(query.null_counts(), dict(self._params)).one()
+            findings = [
+                health.index_warning(conn, query, self._qualified, self._schema),
+                health.sqlite_datetime_warning(conn, query, self._params, self._qualified),
+            ]
+        warnings: list[str] = []
+        null_rows = int(counts[0])
+        if null_rows:
+            nulls = ", ".join(
+                f"`{column.name}`"
+                for column, count in zip(query.cursor, counts[1:], strict=True)
+                if count
+            )
+            if self._on_null_cursor == "raise":
+                raise NullCursorError(self._qualified, nulls.replace("`", ""), null_rows)
+            logger.warning(
+                "action=null_cursor table=%s columns=%s rows=%s", self._qualified, nulls, null_rows
+            )
+            warnings.append(
+                f"{null_rows} row(s) of `{self._qualified}` have a NULL cursor ({nulls}) and are "
+                "never delivered: give them a cursor value, or exclude them with `where=`."
+            )
+        warnings.extend(finding for finding in findings if finding)
+        for warning in warnings[1 if null_rows else 0 :]:
+            logger.warning("action=source_check table=%s warning=%s", self._qualified, warning)
+        return SourceHealth(null_cursor_rows=null_rows, warnings=tuple(warnings))
+
+    def close(self) -> None:
+        """Dispose of the engine and its pool; :meth:`open` may be called again."""
+        engine, self._engine, self._query = self._engine, None, None
+        if engine is not None:
+            engine.dispose()
+            logger.info("action=source_close table=%s", self._qualified)
+
+    def __repr__(self) -> str:
+        return (
+            f"SqlSource(url={self._masked_url!r}, table={self._qualified!r}, "
+            f"cursor={list(self._cursor_names)!r}, pk={self._pk_names and list(self._pk_names)!r})"
+        )
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _require_open(self) -> KeysetQuery:
+        if self._query is None:
+            raise SourceError(
+                f"The source of table `{self._qualified}` is not open: call `open(settings)` "
+                "before reading from it."
+            )
+        return self._query
+
+    def _create_engine(self, url: sa.URL) -> sa.Engine:
+        # No pre-ping: it would double the round trips of an idle run. A pooled connection the
+        # server dropped fails as a disconnect, SQLAlchemy invalidates it, and the engine's
+        # bounded retry of TransientSourceError takes a fresh one. Recycling keeps connections
+        # younger than typical server-side idle timeouts.
+        options = {"pool_pre_ping": False, "pool_recycle": 1800, **self._engine_options}
+        try:
+            return sa.create_engine(url, **options)
+        except ImportError as exc:  # also SQLAlchemy's NoSuchModuleError
+            raise ConfigurationError(
+                f"Cannot load the database driver for `{self._masked_url}` ({exc}). Install it, "
+                "e.g. `pip install azure-functions-db[postgres]` (or `[mysql]`, `[mssql]`)."
+            ) from exc
+        except (sa_exc.ArgumentError, TypeError) as exc:
+            raise ConfigurationError(
+                f"Cannot create an engine for `{self._masked_url}` with `engine_options="
+                f"{sorted(self._engine_options)}`: {self._scrub(str(exc))}"
+            ) from exc
+
+    def _reflect(self, conn: sa.Connection) -> sa.Table:
+        try:
+            return sa.Table(
+                self._table_name, sa.MetaData(), schema=self._schema, autoload_with=conn
+            )
+        except sa_exc.NoSuchTableError:
+            existing = sa.inspect(conn).get_table_names(schema=self._schema)
+        raise config.missing_table(
+            self._table_name, self._schema, existing, self._masked_url
+        ) from None
+
+    def _build(self, table: sa.Table) -> KeysetQuery:
+        cursor = [config.table_column(table, name, "cursor") for name in self._cursor_names]
+        if self._pk_names is not None:
+            pk = [config.table_column(table, name, "pk") for name in self._pk_names]
+        else:
+            pk = list(table.primary_key.columns)
+            if not pk:
+                raise SourceDefinitionError(
+                    f"Table `{self._qualified}` has no primary key, so rows with the same cursor "
+                    "cannot be ordered. Pass `pk=` naming a unique, stable column (or columns), "
+                    'e.g. `pk="id"`.'
+                )
+        if self._column_names is None:
+            selected = list(table.columns)
+        else:
+            selected = [config.table_column(table, name, "columns") for name in self._column_names]
+            selected += [c for c in (*cursor, *pk) if c not in selected]
+        where = self._where
+        if isinstance(where, TextClause):
+            resolved: ColumnElement[bool] | None = text_filter(where)
+        elif where is not None:
+            resolved = config.bind_to(where, table, self._qualified)
+            froms = sa.select(*selected).where(resolved).get_final_froms()
+            others = [str(f) for f in froms if f is not table]
+            if others:
+                raise SourceDefinitionError(
+                    f"`where` of `{self._qualified}` refers to other tables ({', '.join(others)}); "
+                    "the source reads one table. Use a correlated `sa.exists()` subquery instead."
+                )
+        else:
+            resolved = None
+        return KeysetQuery(table, selected=selected, cursor=cursor, pk=pk, where=resolved)
+
+    def _check_position(self, after: Position | None, query: KeysetQuery) -> None:
+        if after is None:
+            return
+        if len(after.cursor) != len(query.cursor) or len(after.pk) not in (0, len(query.pk)):
+            raise SourceDefinitionError(
+                f"Position {after} does not fit the source of `{self._qualified}` (cursor "
+                f"{list(self._cursor_names)}, pk {list(self.description.pk)}): was `cursor=` or "
+                "`pk=` changed? Move the poller with `afdb seek` to continue."
+            )
+
+    def _to_rows(self, rows: Sequence[sa.Row[Any]]) -> list[SourceRow]:
+        # The hot path: one pass, no per-row method calls beyond the two constructors.
+        names, cursor_of, pk_of = self._names, self._cursor_of, self._pk_of
+        try:
+            return [
+                SourceRow(
+                    position=Position(cursor=cursor_of(row), pk=pk_of(row)),
+                    data=dict(zip(names, row, strict=True)),
+                )
+                for row in rows
+            ]
+        except CodecError as exc:
+            raise self._unstorable(exc) from exc
+
+    def _position(self, cursor: tuple[Any, ...], pk: tuple[Any, ...]) -> Position:
+        try:
+            return Position(cursor=cursor, pk=pk)
+        except CodecError as exc:
+            raise self._unstorable(exc) from exc
+
+    def _unstorable(self, exc: CodecError) -> SourceError:
+        return SourceError(
+            f"A row of `{self._qualified}` has a cursor or key value that a checkpoint cannot "
+            f"hold: {exc}"
+        )
+
+    @contextmanager
+    def _db_errors(self, action: str) -> Iterator[None]:
+        """Translate driver errors at the edge, with the password masked."""
+        try:
+            yield
+        except AfdbError:
+            raise
+        except sa_exc.SQLAlchemyError as exc:
+            raise self._translate(exc, action) from exc
+        except (ValueError, TypeError) as exc:  # result processors: a value the type cannot read
+            raise SourceError(
+                f"Reading `{self._qualified}` ({action}) failed: {self._scrub(str(exc))}"
+            ) from exc
+
+    def _translate(self, exc: sa_exc.SQLAlchemyError, action: str) -> SourceError:
+        cause: BaseException = getattr(exc, "orig", None) or exc
+        detail = self._scrub(str(cause).strip().splitlines()[0] if str(cause).strip() else "")
+        transient = isinstance(
+            exc, sa_exc.OperationalError | sa_exc.DisconnectionError | sa_exc.TimeoutError
+        ) or (isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated)
+        if transient and any(marker in detail.lower() for marker in _PERMANENT):
+            transient = False
+        kind = TransientSourceError if transient else SourceError
+        return kind(
+            f"Database {action} for table `{self._qualified}` at `{self._masked_url}` failed "
+            f"({type(cause).__name__}): {detail[:500]}"
+        )
+
+    def _scrub(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text

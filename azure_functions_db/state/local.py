@@ -1,0 +1,361 @@
+"""A file-backed :class:`~azure_functions_db.ports.StateStore`, safe across processes on one host.
+
+Layout under the root directory (names are percent-encoded so any poller name is one safe file
+name)::
+
+    <root>/<namespace>/<poller>.checkpoint   "afdb-checkpoint etag=<hex>\\n" + record bytes
+    <root>/<namespace>/<poller>.lease        JSON: lease_id, owner, expires_at (epoch s), fence
+    <root>/<namespace>/<poller>.lock         empty; ``fcntl.flock`` serialises read-modify-write
+
+Every change happens under an exclusive ``flock`` on the poller's lock file and lands with
+temp file + fsync + ``os.replace`` + directory fsync, so a reader sees the old or the new file,
+never half of one, and a crash never leaves a torn record. The kernel drops a dead process's
+``flock``, so a killed process cannot wedge the store; its lease simply expires. Lease expiry is
+decided by the store's clock: every process using one directory must run on the same machine
+(``flock`` over network file systems is not trusted here).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import errno
+import fcntl
+import json
+import os
+import re
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, unquote
+
+from azure_functions_db.clock import SystemClock
+from azure_functions_db.core.checkpoint import Checkpoint, PollerKey, encode_checkpoint
+from azure_functions_db.core.clock import Clock
+from azure_functions_db.errors import (
+    CheckpointCorruptError,
+    ConfigurationError,
+    RecordExistsError,
+    StateStoreError,
+    TransientStoreError,
+)
+from azure_functions_db.ports import LeaseGrant, LeaseInfo, StoredCheckpoint
+from azure_functions_db.state import _common
+
+_CHECKPOINT = ".checkpoint"
+_LEASE = ".lease"
+_LOCK = ".lock"
+_HEADER = re.compile(rb"afdb-checkpoint etag=([0-9a-f]{32})")
+_TRANSIENT_ERRNOS = frozenset(
+    {errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR, errno.EBUSY, errno.ETIMEDOUT, errno.ENOLCK}
+)
+
+
+class LocalStateStore:
+    """Checkpoints and leases kept as files under one directory, created on first use.
+
+    Args:
+        path: Root directory of the store. Every process sharing it must run on this machine.
+        clock: Decides lease expiry (``clock.now()``); defaults to the system clock.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], clock: Clock | None = None) -> None:
+        self._root = Path(os.path.abspath(os.fspath(path)))
+        self._clock: Clock = clock if clock is not None else SystemClock()
+
+    # -- paths -------------------------------------------------------------------------------
+
+    @property
+    def root(self) -> Path:
+        """The absolute root directory."""
+        return self._root
+
+    def checkpoint_path(self, key: PollerKey) -> Path:
+        """The file holding the checkpoint record of ``key`` (it may not exist yet)."""
+        return self._directory(key) / (_encode_name(key.poller, "poller") + _CHECKPOINT)
+
+    def lease_path(self, key: PollerKey) -> Path:
+        """The file holding the lease record of ``key`` (it may not exist yet)."""
+        return self._directory(key) / (_encode_name(key.poller, "poller") + _LEASE)
+
+    def _directory(self, key: PollerKey) -> Path:
+        return self._root / _encode_name(key.namespace, "namespace")
+
+    # -- CheckpointStore ---------------------------------------------------------------------
+
+    def read(self, key: PollerKey) -> StoredCheckpoint | None:
+        """See :meth:`azure_functions_db.ports.CheckpointStore.read`."""
+        path = self.checkpoint_path(key)
+        data = _read_file(path)
+        if data is None:
+            return None
+        etag, body = _split_record(data)
+        if etag is None:
+            raise CheckpointCorruptError(
+                key.poller, key.namespace, f"`{path}` does not start with a valid header"
+            )
+        return StoredCheckpoint(checkpoint=_common.decode_record(key, body), etag=etag)
+
+    def create(self, checkpoint: Checkpoint) -> str:
+        """See :meth:`azure_functions_db.ports.CheckpointStore.create`."""
+        key = checkpoint.key
+        body = encode_checkpoint(checkpoint)
+        path = self.checkpoint_path(key)
+        with self._locked(key):
+            if os.path.lexists(path):
+                raise RecordExistsError(key.poller, key.namespace)
+            return self._write_record(path, body)
+
+    def replace(self, checkpoint: Checkpoint, etag: str) -> str:
+        """See :meth:`azure_functions_db.ports.CheckpointStore.replace`."""
+        key = checkpoint.key
+        body = encode_checkpoint(checkpoint)
+        path = self.checkpoint_path(key)
+        with self._locked(key):
+            data = _read_file(path)
+            if data is None:
+                raise _common.conflict(checkpoint, etag, None, None)
+            found_etag, found_body = _split_record(data)
+            if found_etag is None:
+                raise _common.conflict(
+                    checkpoint,
+                    etag,
+                    None,
+                    None,
+                    reason=f"`{path}` is corrupt (no valid header); inspect it with `afdb status`",
+                )
+            if found_etag != etag:
+                raise _common.conflict(checkpoint, etag, found_etag, found_body)
+            return self._write_record(path, body)
+
+    def list_keys(self, namespace: str | None = None) -> Sequence[PollerKey]:
+        """See :meth:`azure_functions_db.ports.CheckpointStore.list_keys`."""
+        if namespace is not None:
+            directories = [self._root / _encode_name(namespace, "namespace")]
+        else:
+            directories = [self._root / name for name in _list_dir(self._root)]
+        keys: list[PollerKey] = []
+        for directory in directories:
+            ns = _decode_name(directory.name)
+            if ns is None or not directory.is_dir():
+                continue
+            for name in _list_dir(directory):
+                if not name.endswith(_CHECKPOINT):
+                    continue
+                poller = _decode_name(name[: -len(_CHECKPOINT)])
+                if poller is not None:
+                    keys.append(PollerKey(namespace=ns, poller=poller))
+        return sorted(keys, key=lambda k: (k.namespace, k.poller))
+
+    def write_raw(self, key: PollerKey, data: bytes) -> str:
+        """Store ``data`` as the record body of ``key`` unconditionally; return its new etag.
+
+        For tests and repair tools only: it plays an out-of-band writer so a test can check how a
+        corrupt or foreign record is handled.
+        """
+        path = self.checkpoint_path(key)
+        with self._locked(key):
+            return self._write_record(path, bytes(data))
+
+    # -- LeaseManager ------------------------------------------------------------------------
+
+    def acquire(self, key: PollerKey, owner: str, duration: float) -> LeaseGrant | None:
+        """See :meth:`azure_functions_db.ports.LeaseManager.acquire`."""
+        _common.check_duration(duration)
+        path = self.lease_path(key)
+        with self._locked(key):
+            record = _read_lease(path)
+            outcome = _common.acquire(record, key, owner, duration, self._clock.now())
+            if outcome is None:
+                return None
+            _write_atomic(path, _encode_lease(outcome[0]))
+            return outcome[1]
+
+    def renew(self, grant: LeaseGrant) -> None:
+        """See :meth:`azure_functions_db.ports.LeaseManager.renew`."""
+        path = self.lease_path(grant.key)
+        with self._locked(grant.key):
+            record = _read_lease(path)
+            renewed = _common.renew(record, grant, self._clock.now())
+            _write_atomic(path, _encode_lease(renewed))
+
+    def release(self, grant: LeaseGrant) -> None:
+        """See :meth:`azure_functions_db.ports.LeaseManager.release`."""
+        path = self.lease_path(grant.key)
+        with self._locked(grant.key):
+            released = _common.release(_read_lease(path), grant)
+            if released is not None:
+                _write_atomic(path, _encode_lease(released))
+
+    def inspect(self, key: PollerKey) -> LeaseInfo:
+        """See :meth:`azure_functions_db.ports.LeaseManager.inspect`."""
+        return _common.info(_read_lease(self.lease_path(key)), key, self._clock.now())
+
+    # -- StateStore --------------------------------------------------------------------------
+
+    def describe(self) -> str:
+        """``local:<absolute root path>``."""
+        return f"local:{self._root}"
+
+    def __repr__(self) -> str:
+        return f"LocalStateStore({str(self._root)!r}, clock={self._clock!r})"
+
+    # -- internals ---------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _locked(self, key: PollerKey) -> Iterator[None]:
+        """Hold the poller's exclusive ``flock`` (blocking) for one read-modify-write."""
+        directory = self._directory(key)
+        lock_path = directory / (_encode_name(key.poller, "poller") + _LOCK)
+        self._ensure_directory(directory)
+        with _os_errors("lock", lock_path):
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            with _os_errors("lock", lock_path):
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            # Closing the descriptor drops the flock (and the kernel does so if we die).
+            os.close(fd)
+
+    def _ensure_directory(self, directory: Path) -> None:
+        if directory.is_dir():
+            return
+        with _os_errors("create the directory", directory):
+            os.makedirs(directory, exist_ok=True)
+            # Make the new directory entries durable before any record lands in them.
+            _fsync_directory(directory.parent)
+        with contextlib.suppress(OSError):
+            _fsync_directory(directory.parent.parent)
+
+    def _write_record(self, path: Path, body: bytes) -> str:
+        etag = _common.new_etag()
+        _write_atomic(path, b"afdb-checkpoint etag=" + etag.encode("ascii") + b"\n" + body)
+        return etag
+
+
+def _encode_name(name: str, what: str) -> str:
+    if not isinstance(name, str) or not name:
+        raise ConfigurationError(f"The {what} name `{name!r}` must be a non-empty string.")
+    encoded = quote(name, safe="")
+    # "." and ".." are not file names we may use, and dot files are our temp files.
+    return "%2E" + encoded[1:] if encoded.startswith(".") else encoded
+
+
+def _decode_name(encoded: str) -> str | None:
+    """The name behind ``encoded``, or ``None`` for files this store did not name."""
+    if not encoded or encoded.startswith("."):
+        return None
+    try:
+        name = unquote(encoded, errors="strict")
+    except UnicodeDecodeError:
+        return None
+    return name if _encode_name(name, "file") == encoded else None
+
+
+def _split_record(data: bytes) -> tuple[str | None, bytes]:
+    header, newline, body = data.partition(b"\n")
+    match = _HEADER.fullmatch(header)
+    if match is None or not newline:
+        return None, data
+    return match.group(1).decode("ascii"), body
+
+
+def _encode_lease(record: _common.LeaseRecord) -> bytes:
+    doc: dict[str, Any] = {
+        "lease_id": record.lease_id,
+        "owner": record.owner,
+        "expires_at": record.expires_at.timestamp() if record.expires_at else None,
+        "fence": record.fence,
+    }
+    return json.dumps(doc, sort_keys=True).encode("utf-8")
+
+
+def _read_lease(path: Path) -> _common.LeaseRecord:
+    data = _read_file(path)
+    if data is None:
+        return _common.LeaseRecord()
+    try:
+        doc = json.loads(data.decode("utf-8"))
+        fence, lease_id, owner, expires = (
+            doc["fence"],
+            doc["lease_id"],
+            doc["owner"],
+            doc["expires_at"],
+        )
+        if not isinstance(fence, int) or isinstance(fence, bool) or fence < 0:
+            raise ValueError(f"bad fence {fence!r}")
+        if not (lease_id is None or isinstance(lease_id, str)):
+            raise ValueError(f"bad lease_id {lease_id!r}")
+        if not (owner is None or isinstance(owner, str)):
+            raise ValueError(f"bad owner {owner!r}")
+        if not (expires is None or isinstance(expires, int | float)):
+            raise ValueError(f"bad expires_at {expires!r}")
+        expires_at = None if expires is None else dt.datetime.fromtimestamp(expires, dt.UTC)
+    except (ValueError, TypeError, KeyError, OverflowError, OSError) as exc:
+        raise StateStoreError(
+            f"Lease file `{path}` is corrupt ({exc!r}). Stop every instance of this poller, "
+            "then repair the file (keep its `fence` at least as high as the checkpoint's) or "
+            "delete it."
+        ) from exc
+    return _common.LeaseRecord(fence=fence, lease_id=lease_id, owner=owner, expires_at=expires_at)
+
+
+def _read_file(path: Path) -> bytes | None:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise _translate(exc, "read", path) from exc
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    temp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
+    with _os_errors("write", path):
+        try:
+            with open(temp, "xb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            raise
+        _fsync_directory(path.parent)
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _list_dir(directory: Path) -> list[str]:
+    try:
+        return os.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as exc:
+        raise _translate(exc, "list", directory) from exc
+
+
+@contextlib.contextmanager
+def _os_errors(action: str, path: Path) -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:
+        raise _translate(exc, action, path) from exc
+
+
+def _translate(exc: OSError, action: str, path: Path) -> StateStoreError:
+    cls = TransientStoreError if exc.errno in _TRANSIENT_ERRNOS else StateStoreError
+    return cls(
+        f"Local state store could not {action} `{path}`: {exc.strerror or exc}. Check that the "
+        "directory is writable by this user and the disk is not full."
+    )

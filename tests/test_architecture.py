@@ -1,0 +1,91 @@
+"""The dependency rule of STYLE.md, checked on the source text.
+
+``core`` imports only the standard library, ``ports``, ``errors`` and itself; only
+``functions`` imports ``azure.functions``; adapters never import the layers above them.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "azure_functions_db"
+
+
+def imports_of(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def modules(folder: str) -> list[Path]:
+    return sorted((PACKAGE / folder).rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", modules("core"), ids=lambda p: p.name)
+def test_core_is_pure(path):
+    allowed_own = (
+        "azure_functions_db.core",
+        "azure_functions_db.ports",
+        "azure_functions_db.errors",
+    )
+    for name in imports_of(path):
+        top = name.split(".")[0]
+        if name.startswith("azure_functions_db"):
+            assert name.startswith(allowed_own), f"{path.name} imports {name}"
+        else:
+            assert top in sys.stdlib_module_names, f"core/{path.name} imports {name}"
+
+
+@pytest.mark.parametrize("path", modules("core"), ids=lambda p: p.name)
+def test_core_reads_no_clock_and_no_environment(path):
+    text = path.read_text()
+    for forbidden in (
+        "datetime.now(",
+        "dt.datetime.now(",
+        "time.time(",
+        "time.monotonic(",
+        "os.environ",
+        "getenv(",
+    ):
+        assert forbidden not in text, f"core/{path.name} uses {forbidden}"
+
+
+def test_only_the_functions_package_imports_azure_functions():
+    offenders = [
+        str(p.relative_to(PACKAGE))
+        for p in PACKAGE.rglob("*.py")
+        if "functions" not in p.relative_to(PACKAGE).parts[:1]
+        and any(n == "azure.functions" or n.startswith("azure.functions.") for n in imports_of(p))
+    ]
+    assert offenders == []
+
+
+@pytest.mark.parametrize("folder", ["sources", "state"])
+def test_adapters_do_not_import_the_layers_above(folder):
+    above = (
+        "azure_functions_db.functions",
+        "azure_functions_db.cli",
+        "azure_functions_db.spark",
+        "azure_functions_db.poller",
+        "azure_functions_db.operations",
+    )
+    for path in modules(folder):
+        for name in imports_of(path):
+            assert not name.startswith(above), f"{folder}/{path.name} imports {name}"
+
+
+def test_modules_stay_small():
+    big = [
+        f"{p.relative_to(PACKAGE)} ({n} lines)"
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 500
+    ]
+    assert big == []

@@ -1,0 +1,186 @@
+"""The decorator API: what the Functions host sees, and validation at decoration time."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import azure.functions as func
+import pytest
+from azure.functions.timer import TimerRequest
+
+import azure_functions_db as afdb
+from azure_functions_db.errors import (
+    ConfigurationError,
+    SettingNotFoundError,
+    SourceDefinitionError,
+)
+
+from .sqlite_orders import Orders
+
+
+@pytest.fixture
+def orders(tmp_path: Path):
+    table = Orders(tmp_path / "orders.db")
+    table.insert(range(1, 8))
+    yield table
+    table.close()
+
+
+def source(url: str, **kw) -> afdb.SqlSource:
+    return afdb.SqlSource(
+        url=url,
+        table=kw.pop("table", "orders"),
+        cursor=kw.pop("cursor", "updated_at"),
+        pk="id",
+        **kw,
+    )
+
+
+def test_one_timer_function_per_poller_with_only_the_timer_parameter(orders, tmp_path):
+    db = afdb.PollerBlueprint()
+
+    @db.poller(
+        name="orders",
+        schedule="*/30 * * * * *",
+        source=source(orders.url),
+        state=afdb.LocalStateStore(tmp_path / "s"),
+    )
+    def on_orders(batch: afdb.Batch) -> None:
+        pass
+
+    @db.poller(
+        name="orders-audit",
+        schedule="%AUDIT_SCHEDULE%",
+        source=source(orders.url),
+        state=afdb.LocalStateStore(tmp_path / "s"),
+        run_on_startup=True,
+    )
+    async def on_audit(batch: afdb.Batch) -> None:
+        pass
+
+    app = func.FunctionApp()
+    app.register_functions(db)
+    functions = app.get_functions()
+    assert sorted(f.get_function_name() for f in functions) == ["poll_orders", "poll_orders_audit"]
+    for f in functions:
+        (binding,) = f.get_bindings()
+        assert binding.type == "timerTrigger"
+        assert binding.name == "timer"
+        user = f.get_user_function()
+        assert list(user.__code__.co_varnames[: user.__code__.co_argcount]) == ["timer"]
+    by_name = {f.get_function_name(): f.get_bindings()[0] for f in functions}
+    assert by_name["poll_orders"].schedule == "*/30 * * * * *"
+    assert by_name["poll_orders_audit"].schedule == "%AUDIT_SCHEDULE%"
+    assert by_name["poll_orders_audit"].run_on_startup is True
+    # The decorator returns the user's function untouched (unit-testable on its own).
+    assert on_orders.__name__ == "on_orders"
+    assert set(db.pollers) == {"orders", "orders-audit"}
+
+
+def test_invoking_the_timer_function_delivers_rows(orders, tmp_path, monkeypatch):
+    monkeypatch.setenv("ORDERS_DB_URL", orders.url)
+    seen: list[int] = []
+    db = afdb.PollerBlueprint()
+
+    @db.poller(
+        name="orders",
+        schedule="0 * * * * *",
+        batch_size=3,
+        source=source("%ORDERS_DB_URL%"),
+        state=afdb.LocalStateStore(tmp_path / "s"),
+    )
+    def on_orders(batch: afdb.Batch) -> None:
+        seen.extend(c.pk for c in batch)
+
+    app = func.FunctionApp()
+    app.register_functions(db)
+    (function,) = app.get_functions()
+    timer = TimerRequest(past_due=True)
+    asyncio.run(function.get_user_function()(timer))
+    assert seen == list(range(1, 8))
+
+
+def test_setting_resolved_at_run_time_not_import_time(orders, tmp_path, monkeypatch):
+    monkeypatch.delenv("LATE_DB_URL", raising=False)
+    db = afdb.PollerBlueprint()
+
+    @db.poller(
+        name="late",
+        schedule="0 * * * * *",
+        source=source("%LATE_DB_URL%"),
+        state=afdb.LocalStateStore(tmp_path / "s"),
+    )
+    def handler(batch: afdb.Batch) -> None:
+        pass
+
+    with pytest.raises(SettingNotFoundError, match="LATE_DB_URL"):
+        db.pollers["late"].run_once({})
+    report = db.pollers["late"].run_once({"LATE_DB_URL": orders.url})
+    assert report.rows == 7
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"schedule": "*/5 * * * *"}, "*/5 * * * *"),  # five fields: Unix cron, not NCRONTAB
+        ({"schedule": "61 * * * * *"}, "61 * * * * *"),
+        ({"schedule": "every minute"}, "every minute"),
+        ({"batch_size": 0}, "batch_size=0"),
+        ({"batch_size": -1}, "batch_size=-1"),
+        ({"name": "bad name"}, "bad name"),
+        ({"name": ""}, "''"),
+        ({"lease_duration": 0}, "lease_duration=0"),
+    ],
+)
+def test_bad_configuration_fails_at_decoration_naming_the_value(orders, kwargs, needle):
+    db = afdb.PollerBlueprint()
+    args = {"name": "orders", "schedule": "0 * * * * *", "source": source(orders.url), **kwargs}
+    with pytest.raises(ConfigurationError) as info:
+        db.poller(**args)
+    assert needle in str(info.value)
+
+
+def test_duplicate_poller_names_are_rejected(orders):
+    db = afdb.PollerBlueprint()
+    db.poller(name="orders", schedule="0 * * * * *", source=source(orders.url))(lambda b: None)
+    with pytest.raises(ConfigurationError, match="Duplicate poller name `orders`"):
+        db.poller(name="orders", schedule="0 * * * * *", source=source(orders.url))
+    # Names that map to the same Functions function name clash too.
+    db.poller(name="a-b", schedule="0 * * * * *", source=source(orders.url))(lambda b: None)
+    with pytest.raises(ConfigurationError, match="a_b"):
+        db.poller(name="a_b", schedule="0 * * * * *", source=source(orders.url))
+
+
+def test_missing_table_fails_at_decoration_when_the_db_is_reachable(orders):
+    db = afdb.PollerBlueprint()
+    with pytest.raises(SourceDefinitionError, match="ordrs"):
+        db.poller(name="x", schedule="0 * * * * *", source=source(orders.url, table="ordrs"))
+
+
+def test_missing_column_fails_at_decoration_when_the_db_is_reachable(orders):
+    db = afdb.PollerBlueprint()
+    with pytest.raises(SourceDefinitionError, match="changed_at"):
+        db.poller(name="x", schedule="0 * * * * *", source=source(orders.url, cursor="changed_at"))
+
+
+def test_undefined_setting_defers_the_check_to_run_time(caplog):
+    db = afdb.PollerBlueprint()
+    with caplog.at_level(logging.DEBUG, logger="azure_functions_db"):
+        db.poller(name="x", schedule="0 * * * * *", source=source("%NOT_DEFINED_ANYWHERE%"))
+    assert "source_check_deferred" in caplog.text
+
+
+def test_disclosure_is_in_the_decorator_docstring():
+    doc = afdb.PollerBlueprint.poller.__doc__ or ""
+    assert "not a native database trigger" in doc
+    assert "at-least-once" in doc
+    assert "idempotent" in doc
+
+
+def test_default_state_refuses_to_guess_on_azure(orders):
+    db = afdb.PollerBlueprint()
+    db.poller(name="orders", schedule="0 * * * * *", source=source(orders.url))(lambda b: None)
+    with pytest.raises(ConfigurationError, match="state="):
+        db.pollers["orders"].run_once({"WEBSITE_INSTANCE_ID": "abc"})

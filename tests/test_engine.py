@@ -1,0 +1,489 @@
+"""The run loop against a real SQLite source and the memory/local state stores.
+
+Covers the delivery contract and failure-matrix cases A, B, G, H, I, L at unit speed; the crash
+cases E and F with real killed processes live in ``test_crash_cases.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from azure_functions_db.core.batch import Batch
+from azure_functions_db.core.checkpoint import Checkpoint
+from azure_functions_db.core.clock import FakeClock
+from azure_functions_db.core.engine import Engine, PollerConfig
+from azure_functions_db.errors import (
+    CheckpointConflictError,
+    CheckpointCorruptError,
+    ConfigurationError,
+    HandlerError,
+    LeaseLostError,
+    PoisonBatchError,
+    SourceDefinitionError,
+    StateStoreError,
+    TransientSourceError,
+    TransientStoreError,
+)
+from azure_functions_db.operations import seek
+from azure_functions_db.poller import PollerDefinition
+from azure_functions_db.ports import StateStore
+from azure_functions_db.sources.sqlalchemy import SqlSource
+from azure_functions_db.state.local import LocalStateStore
+from azure_functions_db.state.memory import MemoryStateStore
+
+from .sqlite_orders import T0, Orders
+
+SETTINGS: dict[str, str] = {}
+
+
+class Recorder:
+    """A handler that records what it saw and can be told to fail."""
+
+    def __init__(self) -> None:
+        self.batches: list[Batch] = []
+        self.fail_with: BaseException | None = None
+
+    def __call__(self, batch: Batch) -> None:
+        self.batches.append(batch)
+        if self.fail_with is not None:
+            raise self.fail_with
+
+    @property
+    def ids(self) -> list[int]:
+        return [c.pk for b in self.batches for c in b]
+
+
+@pytest.fixture
+def orders(tmp_path: Path) -> Iterator[Orders]:
+    table = Orders(tmp_path / "orders.db")
+    yield table
+    table.close()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture(params=["memory", "local"])
+def store(request: pytest.FixtureRequest, clock: FakeClock, tmp_path: Path) -> StateStore:
+    if request.param == "memory":
+        return MemoryStateStore(clock)
+    return LocalStateStore(tmp_path / "state", clock=clock)
+
+
+def make_engine(
+    orders: Orders,
+    store: StateStore,
+    handler: Any,
+    clock: FakeClock,
+    *,
+    batch_size: int = 4,
+    owner: str = "test-owner",
+    **config: Any,
+) -> Engine:
+    source = SqlSource(url=orders.url, table="orders", cursor="updated_at", pk="id")
+    cfg = PollerConfig(name="orders", batch_size=batch_size, **config)
+    return Engine(cfg, source, store, handler, clock, owner=owner, heartbeat_interval=3600)
+
+
+def stored(store: StateStore) -> Checkpoint:
+    record = store.read(PollerConfig(name="orders").key)
+    assert record is not None
+    return record.checkpoint
+
+
+# -- the happy path ---------------------------------------------------------------------------
+
+
+def test_drains_every_row_in_keyset_order_across_tied_batches(orders, store, clock):
+    orders.insert(range(1, 24), tie_every=5)  # ties straddle every 4-row batch boundary
+    handler = Recorder()
+    report = make_engine(orders, store, handler, clock).run(SETTINGS)
+    assert handler.ids == list(range(1, 24))
+    assert [len(b) for b in handler.batches] == [4, 4, 4, 4, 4, 3]
+    assert report.status == "caught_up"
+    assert (report.batches, report.rows) == (6, 23)
+    cp = stored(store)
+    assert cp.position is not None
+    assert cp.position.pk == (23,)
+    assert cp.stats.rows == 23
+
+
+def test_idle_run_delivers_nothing_and_new_rows_come_next(orders, store, clock):
+    orders.insert(range(1, 6))
+    handler = Recorder()
+    engine = make_engine(orders, store, handler, clock)
+    engine.run(SETTINGS)
+    handler.batches.clear()
+    assert engine.run(SETTINGS).rows == 0
+    assert handler.batches == []
+    orders.insert([6, 7], base=T0 + dt.timedelta(hours=1))
+    orders.touch([2], T0 + dt.timedelta(hours=2))
+    engine.run(SETTINGS)
+    assert handler.ids == [6, 7, 2]
+    assert [c.data["note"] for c in handler.batches[0]] == ["n6", "n7", "upd"]
+
+
+def test_batch_metadata_and_stable_event_ids(orders, store, clock):
+    orders.insert(range(1, 4))
+    first, second = Recorder(), Recorder()
+    make_engine(orders, store, first, clock).run(SETTINGS)
+    batch = first.batches[0]
+    assert (batch.poller, batch.namespace, batch.attempt) == ("orders", "live", 1)
+    assert batch.position_before is None
+    assert batch.position_after == batch[-1].position
+    assert batch.fence >= 1
+    # A replay from the beginning yields the same event ids (idempotency keys).
+    seek_store_to_beginning(orders, store, clock)
+    make_engine(orders, store, second, clock).run(SETTINGS)
+    assert [c.event_id for c in second.batches[0]] == [c.event_id for c in batch]
+    assert len({c.event_id for c in batch}) == 3
+
+
+def seek_store_to_beginning(orders: Orders, store: StateStore, clock: FakeClock) -> None:
+    definition = PollerDefinition(
+        config=PollerConfig(name="orders"),
+        schedule="0 * * * * *",
+        source=SqlSource(url=orders.url, table="orders", cursor="updated_at", pk="id"),
+        handler=Recorder(),
+        state=store,
+        clock=clock,
+    )
+    seek(definition, SETTINGS, "beginning", reason="test replay", by="tester")
+
+
+def test_async_handler(orders, store, clock):
+    orders.insert(range(1, 6))
+    seen: list[int] = []
+
+    async def handler(batch: Batch) -> None:
+        await asyncio.sleep(0)
+        seen.extend(c.pk for c in batch)
+
+    make_engine(orders, store, handler, clock).run(SETTINGS)
+    assert seen == [1, 2, 3, 4, 5]
+
+
+def test_time_budget_ends_the_run_and_the_next_run_continues(orders, store, clock):
+    orders.insert(range(1, 21))
+    handler = Recorder()
+
+    def slow(batch: Batch) -> None:
+        handler(batch)
+        clock.advance(4)
+
+    engine = make_engine(orders, store, slow, clock, time_budget=10, lease_duration=15)
+    report = engine.run(SETTINGS)
+    assert report.status == "budget_spent"
+    assert report.batches == 3
+    engine.run(SETTINGS)
+    engine.run(SETTINGS)
+    assert handler.ids == list(range(1, 21))
+
+
+def test_lease_held_elsewhere_is_a_clean_no_op(orders, store, clock, caplog):
+    orders.insert(range(1, 3))
+    other = store.acquire(PollerConfig(name="orders").key, "someone-else", 30)
+    assert other is not None
+    handler = Recorder()
+    with caplog.at_level(logging.INFO, logger="azure_functions_db"):
+        report = make_engine(orders, store, handler, clock).run(SETTINGS)
+    assert report.status == "lease_held"
+    assert report.holder == "someone-else"
+    assert handler.batches == []
+    assert "action=lease_held" in caplog.text
+    assert "someone-else" in caplog.text
+
+
+# -- failure matrix -------------------------------------------------------------------------
+
+
+def test_case_a_handler_failure_keeps_checkpoint_and_redelivers(orders, store, clock, caplog):
+    orders.insert(range(1, 10))
+    handler = Recorder()
+    engine = make_engine(orders, store, handler, clock)
+    handler.fail_with = RuntimeError("downstream is down")
+    with caplog.at_level(logging.ERROR), pytest.raises(HandlerError) as info:
+        engine.run(SETTINGS)
+    assert info.value.attempts == 1
+    assert "action=handler_failed" in caplog.text
+    cp = stored(store)
+    assert cp.position is None
+    assert cp.attempts == 1
+    assert cp.last_error is not None
+    assert "downstream is down" in cp.last_error
+    handler.fail_with = None
+    engine.run(SETTINGS)
+    assert [c.pk for c in handler.batches[1]] == [c.pk for c in handler.batches[0]]
+    assert handler.batches[1].attempt == 2
+    assert handler.ids[4:] == list(range(1, 10))
+    assert stored(store).attempts == 0
+
+
+def test_case_a_failure_after_progress_resumes_at_failed_batch(orders, store, clock):
+    orders.insert(range(1, 13))
+    calls = {"n": 0}
+    seen: list[list[int]] = []
+
+    def handler(batch: Batch) -> None:
+        calls["n"] += 1
+        seen.append([c.pk for c in batch])
+        if calls["n"] == 2:
+            raise ValueError("bad row")
+
+    engine = make_engine(orders, store, handler, clock)
+    with pytest.raises(HandlerError):
+        engine.run(SETTINGS)
+    position = stored(store).position
+    assert position is not None
+    assert position.pk == (4,)
+    engine.run(SETTINGS)
+    assert seen == [[1, 2, 3, 4], [5, 6, 7, 8], [5, 6, 7, 8], [9, 10, 11, 12]]
+
+
+class FlakyStore:
+    """Wraps a real store; the Nth ``replace`` fails (before or after writing)."""
+
+    def __init__(self, inner: StateStore, fail_on: int, *, land: bool, error: Exception) -> None:
+        self.inner = inner
+        self.fail_on = fail_on
+        self.land = land
+        self.error = error
+        self.replaces = 0
+
+    def replace(self, checkpoint: Checkpoint, etag: str) -> str:
+        self.replaces += 1
+        if self.replaces == self.fail_on:
+            if self.land:
+                self.inner.replace(checkpoint, etag)
+            raise self.error
+        return self.inner.replace(checkpoint, etag)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_case_b_commit_failure_redelivers_the_batch(orders, store, clock):
+    orders.insert(range(1, 9))
+    handler = Recorder()
+    # A fresh poller's fencing write is a create, so replace #1 is the first commit.
+    flaky = FlakyStore(store, 1, land=False, error=StateStoreError("disk full"))
+    with pytest.raises(StateStoreError):
+        make_engine(orders, flaky, handler, clock).run(SETTINGS)  # type: ignore[arg-type]
+    assert stored(store).position is None
+    make_engine(orders, store, handler, clock).run(SETTINGS)
+    assert handler.ids == [1, 2, 3, 4, 1, 2, 3, 4, 5, 6, 7, 8]
+
+
+def test_case_g_ambiguous_commit_that_landed_is_recognised(orders, store, clock, caplog):
+    orders.insert(range(1, 9))
+    handler = Recorder()
+    flaky = FlakyStore(store, 1, land=True, error=TransientStoreError("timeout"))
+    with caplog.at_level(logging.WARNING):
+        make_engine(orders, flaky, handler, clock).run(SETTINGS)  # type: ignore[arg-type]
+    assert "action=commit_ambiguous_landed" in caplog.text
+    assert handler.ids == list(range(1, 9))
+    assert stored(store).stats.rows == 8
+
+
+def test_case_g_ambiguous_commit_that_did_not_land_redelivers(orders, store, clock):
+    orders.insert(range(1, 9))
+    handler = Recorder()
+    flaky = FlakyStore(store, 1, land=False, error=TransientStoreError("timeout"))
+    with pytest.raises(TransientStoreError):
+        make_engine(orders, flaky, handler, clock).run(SETTINGS)  # type: ignore[arg-type]
+    make_engine(orders, store, handler, clock).run(SETTINGS)
+    assert handler.ids == [1, 2, 3, 4, 1, 2, 3, 4, 5, 6, 7, 8]
+
+
+def test_case_h_lease_lost_during_handler_discards_the_result(orders, store, clock):
+    orders.insert(range(1, 9))
+
+    def outlives_lease(batch: Batch) -> None:
+        clock.advance(31)  # longer than the 30 s lease, and no heartbeat got through
+
+    with pytest.raises(LeaseLostError):
+        make_engine(orders, store, outlives_lease, clock).run(SETTINGS)
+    assert stored(store).position is None
+
+
+def test_case_c_stale_owner_commit_is_rejected_by_the_fence(orders, store, clock, tmp_path):
+    """Owner A's own clock says its lease is fine, but the store expired it; B took over."""
+    orders.insert(range(1, 9))
+    a_clock = FakeClock()  # A's monotonic clock does not move: it believes it holds the lease
+    b_handler = Recorder()
+
+    def a_handler(batch: Batch) -> None:
+        clock.advance(31)  # the store's clock: A's lease expires
+        make_engine(orders, store, b_handler, clock, owner="B").run(SETTINGS)
+
+    engine_a = make_engine(orders, store, a_handler, a_clock, owner="A")
+    with pytest.raises(CheckpointConflictError) as info:
+        engine_a.run(SETTINGS)
+    assert "orders" in str(info.value)
+    cp = stored(store)
+    assert b_handler.ids == list(range(1, 9))
+    assert cp.position is not None
+    assert cp.position.pk == (8,)
+    assert cp.fence == 2
+
+
+def test_case_i_poison_batch_halts_without_skipping(orders, store, clock):
+    orders.insert(range(1, 9))
+    handler = Recorder()
+    handler.fail_with = KeyError("poison")
+    engine = make_engine(orders, store, handler, clock, max_attempts=3)
+    for attempt in (1, 2):
+        with pytest.raises(HandlerError) as info:
+            engine.run(SETTINGS)
+        assert not isinstance(info.value, PoisonBatchError)
+        assert info.value.attempts == attempt
+    for attempt in (3, 4):
+        with pytest.raises(PoisonBatchError) as poison:
+            engine.run(SETTINGS)
+        assert poison.value.attempts == attempt
+        assert "afdb seek" in str(poison.value)
+    assert stored(store).position is None
+    assert all([c.pk for c in b] == [1, 2, 3, 4] for b in handler.batches)
+    # The operator moves past the poison batch explicitly; delivery resumes after it.
+    definition = PollerDefinition(
+        config=PollerConfig(name="orders"),
+        schedule="0 * * * * *",
+        source=SqlSource(url=orders.url, table="orders", cursor="updated_at", pk="id"),
+        handler=handler,
+        state=store,
+        clock=clock,
+    )
+    cursor = (T0 + dt.timedelta(seconds=2),)  # rows 1-5 have cursors below this
+    result = seek(definition, SETTINGS, "cursor", cursor=cursor, reason="skip poison", by="ops")
+    assert result.from_position is None
+    handler.fail_with = None
+    handler.batches.clear()
+    engine.run(SETTINGS)
+    assert handler.ids == [6, 7, 8]
+    audit = stored(store).seek
+    assert audit is not None
+    assert (audit.by, audit.reason) == ("ops", "skip poison")
+
+
+def test_case_l_changed_cursor_column_stops_with_a_way_out(orders, store, clock):
+    orders.insert(range(1, 5))
+    make_engine(orders, store, Recorder(), clock).run(SETTINGS)
+    source = SqlSource(url=orders.url, table="orders", cursor="id", pk="id")
+    engine = Engine(PollerConfig(name="orders"), source, store, Recorder(), clock, owner="x")
+    with pytest.raises(SourceDefinitionError) as info:
+        engine.run(SETTINGS)
+    message = str(info.value)
+    assert "afdb seek" in message
+    assert "new name" in message
+
+
+def test_case_l_changed_filter_continues_with_a_warning(orders, store, clock, caplog):
+    orders.insert(range(1, 5))
+    make_engine(orders, store, Recorder(), clock).run(SETTINGS)
+    orders.insert([5, 6], base=T0 + dt.timedelta(hours=1))
+    source = SqlSource(
+        url=orders.url,
+        table="orders",
+        cursor="updated_at",
+        pk="id",
+        where=sa.column("id") != 5,
+    )
+    handler = Recorder()
+    engine = Engine(PollerConfig(name="orders"), source, store, handler, clock, owner="x")
+    with caplog.at_level(logging.WARNING):
+        engine.run(SETTINGS)
+    assert "action=source_filter_changed" in caplog.text
+    assert handler.ids == [6]
+
+
+def test_corrupt_checkpoint_is_never_overwritten(orders, clock, tmp_path):
+    orders.insert(range(1, 5))
+    store = LocalStateStore(tmp_path / "state", clock=clock)
+    make_engine(orders, store, Recorder(), clock).run(SETTINGS)
+    files = list((tmp_path / "state").rglob("*.checkpoint*"))
+    assert files
+    for f in files:
+        f.write_bytes(b"\x00garbage")
+    handler = Recorder()
+    with pytest.raises(CheckpointCorruptError):
+        make_engine(orders, store, handler, clock).run(SETTINGS)
+    assert handler.batches == []
+    assert all(f.read_bytes() == b"\x00garbage" for f in files)
+
+
+class FlakySource(SqlSource):
+    """A real SQLite source whose first ``fetch`` calls fail transiently."""
+
+    failures = 0
+
+    def fetch(self, *args: Any, **kwargs: Any) -> Any:
+        if self.failures > 0:
+            self.failures -= 1
+            raise TransientSourceError("connection reset")
+        return super().fetch(*args, **kwargs)
+
+
+def test_transient_source_errors_are_retried_with_backoff(orders, store, clock):
+    orders.insert(range(1, 4))
+    source = FlakySource(url=orders.url, table="orders", cursor="updated_at", pk="id")
+    source.failures = 2
+    handler = Recorder()
+    start = clock.monotonic()
+    engine = Engine(PollerConfig(name="orders"), source, store, handler, clock, owner="x")
+    engine.run(SETTINGS)
+    assert handler.ids == [1, 2, 3]
+    assert clock.monotonic() - start >= 0.5 + 1.0  # two backoff sleeps: 0.5 s, then 1 s
+
+
+def test_persistent_source_errors_end_the_run_unacknowledged(orders, store, clock):
+    orders.insert(range(1, 4))
+    source = FlakySource(url=orders.url, table="orders", cursor="updated_at", pk="id")
+    source.failures = 100
+    engine = Engine(PollerConfig(name="orders"), source, store, Recorder(), clock, owner="x")
+    with pytest.raises(TransientSourceError):
+        engine.run(SETTINGS)
+    assert stored(store).position is None
+    assert store.inspect(PollerConfig(name="orders").key).state == "free"
+
+
+def test_lease_is_released_after_every_run(orders, store, clock):
+    orders.insert(range(1, 4))
+    handler = Recorder()
+    handler.fail_with = RuntimeError("x")
+    key = PollerConfig(name="orders").key
+    with pytest.raises(HandlerError):
+        make_engine(orders, store, handler, clock).run(SETTINGS)
+    assert store.inspect(key).state == "free"
+    handler.fail_with = None
+    make_engine(orders, store, handler, clock).run(SETTINGS)
+    assert store.inspect(key).state == "free"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("batch_size", 0),
+        ("batch_size", -5),
+        ("batch_size", 2.5),
+        ("lease_duration", 0),
+        ("time_budget", -1),
+        ("max_attempts", 0),
+        ("name", "has space"),
+        ("namespace", ""),
+    ],
+)
+def test_config_errors_name_the_value(field, value):
+    kwargs: dict[str, Any] = {"name": "orders", field: value}
+    with pytest.raises(ConfigurationError) as info:
+        PollerConfig(**kwargs)
+    assert repr(value) in str(info.value) or str(value) in str(info.value)

@@ -1,0 +1,147 @@
+"""The keyset position and its type-tagged codec: exact round trips and total order."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from decimal import Decimal
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from azure_functions_db.core.position import CodecError, Position, decode_value, encode_value
+
+aware = st.datetimes(
+    min_value=dt.datetime(1, 1, 2),
+    max_value=dt.datetime(9999, 12, 30),
+    timezones=st.one_of(
+        st.just(dt.UTC),
+        st.builds(
+            dt.timezone,
+            st.timedeltas(min_value=dt.timedelta(hours=-23), max_value=dt.timedelta(hours=23)),
+        ),
+    ),
+)
+key_values = st.one_of(
+    st.integers(min_value=-(2**80), max_value=2**80),
+    st.text(),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.decimals(allow_nan=False, allow_infinity=False),
+    st.datetimes(),
+    aware,
+    st.dates(),
+    st.times(),
+    st.uuids(),
+    st.binary(),
+    st.booleans(),
+)
+
+
+def roundtrip(value: object) -> object:
+    encoded = json.loads(json.dumps(encode_value(value)))  # type: ignore[arg-type]
+    return decode_value(encoded)
+
+
+@given(key_values)
+def test_every_value_round_trips_exactly_through_json(value):
+    back = roundtrip(value)
+    assert type(back) is type(value)
+    assert back == value
+    if isinstance(value, dt.datetime):
+        assert back.utcoffset() == value.utcoffset()  # type: ignore[union-attr]
+        assert back.microsecond == value.microsecond  # type: ignore[union-attr]
+    if isinstance(value, Decimal):
+        assert str(back) == str(value)  # the exponent survives: Decimal("1.50") stays "1.50"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        2**53 + 1,
+        -(2**63),
+        dt.datetime(2026, 3, 29, 1, 30, 0, 123456, tzinfo=dt.timezone(dt.timedelta(hours=2))),
+        dt.datetime(2026, 3, 29, 1, 30, 0, 1),
+        dt.date(1999, 12, 31),
+        Decimal("12345678901234567890.000000001"),
+        Decimal("1E+3"),
+        uuid.UUID("12345678-1234-5678-1234-567812345678"),
+        b"\x00\x00\x00\x00\x00\x00\x07\xd1",  # a SQL Server rowversion
+        "",
+    ],
+)
+def test_edge_values_round_trip(value):
+    back = roundtrip(value)
+    assert back == value
+    assert type(back) is type(value)
+
+
+def test_naive_and_aware_datetimes_stay_distinct():
+    naive = dt.datetime(2026, 1, 1, 12)
+    aware_value = naive.replace(tzinfo=dt.UTC)
+    assert encode_value(naive)["t"] == "datetime"
+    assert encode_value(aware_value)["t"] == "datetime_tz"
+    assert roundtrip(naive).tzinfo is None  # type: ignore[union-attr]
+    assert roundtrip(aware_value).tzinfo is not None  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), Decimal("NaN"), None, object()])
+def test_values_that_cannot_be_keys_are_rejected(value):
+    with pytest.raises(CodecError):
+        encode_value(value)
+
+
+@pytest.mark.parametrize(
+    "encoded",
+    [
+        {"t": "int", "v": "1.5"},
+        {"t": "nope", "v": "1"},
+        {"t": "datetime_tz", "v": "2026-01-01T00:00:00"},
+        {"t": "datetime", "v": "2026-01-01T00:00:00+00:00"},
+        {"t": "bytes", "v": "not base64!"},
+        {"t": "int"},
+        {"t": "int", "v": 5},
+        "5",
+    ],
+)
+def test_malformed_encodings_are_rejected(encoded):
+    with pytest.raises(CodecError):
+        decode_value(encoded)
+
+
+@given(
+    st.lists(st.tuples(st.integers(-5, 5), st.integers(-5, 5)), min_size=2, max_size=20),
+)
+def test_positions_order_like_their_key_tuples(pairs):
+    positions = [Position(cursor=(c,), pk=(p,)) for c, p in pairs]
+    assert sorted(positions) == [Position(cursor=(c,), pk=(p,)) for c, p in sorted(pairs)]
+
+
+def test_cursor_only_position_sorts_before_every_row_at_that_cursor():
+    at = Position(cursor=(5,), pk=())
+    assert at < Position(cursor=(5,), pk=(-(10**9),))
+    assert at > Position(cursor=(4,), pk=(10**9,))
+
+
+def test_uuid_keys_order_by_bytes():
+    low, high = uuid.UUID(int=1), uuid.UUID(int=2**127)
+    assert Position(cursor=(1,), pk=(low,)) < Position(cursor=(1,), pk=(high,))
+
+
+def test_incomparable_positions_raise_a_clear_error():
+    naive = Position(cursor=(dt.datetime(2026, 1, 1),), pk=(1,))
+    aware_pos = Position(cursor=(dt.datetime(2026, 1, 1, tzinfo=dt.UTC),), pk=(1,))
+    with pytest.raises(CodecError, match="afdb seek"):
+        _ = naive < aware_pos
+
+
+@given(st.lists(key_values, min_size=1, max_size=3), st.lists(key_values, max_size=3))
+def test_position_json_round_trip(cursor, pk):
+    position = Position(cursor=tuple(cursor), pk=tuple(pk))
+    assert Position.from_json(json.loads(json.dumps(position.to_json()))) == position
+
+
+def test_position_needs_a_cursor():
+    with pytest.raises(CodecError):
+        Position(cursor=(), pk=(1,))
