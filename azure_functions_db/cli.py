@@ -29,23 +29,34 @@ def build_parser() -> argparse.ArgumentParser:
         description="azure-functions-db: a polling database trigger for Azure Functions "
         "(not a native trigger; at-least-once delivery, idempotent handlers).",
     )
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "-v", "--verbose", action="count", default=0, help="more log output (-vv: debug)"
+    )
+    # Before the command too (`afdb -v run ...`); a separate dest, since the subcommand's
+    # default would overwrite a shared one.
+    parser.add_argument(
+        "-v", "--verbose", dest="verbose_top", action="count", default=0, help=argparse.SUPPRESS
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    demo = sub.add_parser("demo", help="run a sample poller on a local SQLite table")
+    def add(name: str, help_text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help_text, parents=[common])
+
+    demo = add("demo", "run a sample poller on a local SQLite table")
     demo.add_argument("--dir", default=".afdb/demo", help="where the demo keeps its files")
 
-    run = sub.add_parser("run", help="run an app's pollers locally, without a Functions host")
+    run = add("run", "run an app's pollers locally, without a Functions host")
     run.add_argument("app", help="function_app.py, its folder, or module[:attr]")
     run.add_argument("--once", action="store_true", help="one run of each poller, then exit")
     run.add_argument("--poller", action="append", help="only this poller (repeatable)")
 
-    status = sub.add_parser("status", help="show each poller's checkpoint and lease")
+    status = add("status", "show each poller's checkpoint and lease")
     status.add_argument("app")
     status.add_argument("--poller", action="append", help="only this poller (repeatable)")
     status.add_argument("--json", action="store_true", help="stable JSON output for scripts")
 
-    seek = sub.add_parser("seek", help="move a poller's checkpoint (under its lease, audited)")
+    seek = add("seek", "move a poller's checkpoint (under its lease, audited)")
     seek.add_argument("app")
     seek.add_argument("--poller", required=True)
     where = seek.add_mutually_exclusive_group(required=True)
@@ -61,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    level = logging.WARNING - 10 * min(args.verbose, 2)
+    level = logging.WARNING - 10 * min(args.verbose + args.verbose_top, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     console = Console(highlight=False)
     try:
@@ -105,11 +116,13 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     def show(outcome: RunOutcome) -> None:
         if outcome.report is not None:
             r = outcome.report
-            console.print(
-                f"{r.poller}: {r.status}, {r.batches} batch(es), {r.rows} row(s), "
-                f"position {r.position}"
-                + (f", held by {r.holder}" if r.status == "lease_held" else "")
-            )
+            if r.status == "lease_held":
+                console.print(f"{r.poller}: lease_held by {r.holder}; nothing to do this run")
+            else:
+                console.print(
+                    f"{r.poller}: {r.status}, {r.batches} batch(es), {r.rows} row(s), "
+                    f"position {r.position or '(beginning)'}"
+                )
         else:
             console.print(f"[red]{outcome.poller}: failed: {outcome.error}[/red]")
 

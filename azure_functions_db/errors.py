@@ -146,8 +146,9 @@ class RecordExistsError(StateStoreError):
 class CheckpointCorruptError(StateStoreError):
     """A stored checkpoint cannot be decoded or has an unknown schema. It is never overwritten.
 
-    Inspect it (``afdb status``), then either restore it or move the poller explicitly with
-    ``afdb seek``; the poller stays stopped until an operator decides.
+    Inspect it (``afdb status``), then restore it from a backup, or move the record aside and
+    set the position with ``afdb seek`` (which writes a new record); the poller stays stopped
+    until an operator decides.
     """
 
     def __init__(self, poller: str, namespace: str, detail: str) -> None:
@@ -157,7 +158,8 @@ class CheckpointCorruptError(StateStoreError):
         super().__init__(
             f"Checkpoint for poller `{poller}` (namespace `{namespace}`) cannot be read: "
             f"{detail}. It was left untouched. Inspect it with `afdb status`, then restore it "
-            "or move the poller with `afdb seek --beginning` / `--cursor`."
+            "from a backup, or move the record aside and set the position with `afdb seek` "
+            "(`--beginning`, `--now` or `--cursor`), which writes a new record."
         )
 
 

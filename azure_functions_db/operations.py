@@ -160,12 +160,16 @@ def seek(
         stored = store.read(cfg.key)
         if stored is None:
             base = Checkpoint(key=cfg.key, fence=grant.fence, source=source.description)
-            moved = base.sought(to, fence=grant.fence, by=by, at=now, reason=reason)
+            moved = base.sought(
+                to, fence=grant.fence, by=by, at=now, reason=reason, source=source.description
+            )
             store.create(moved)
             before = None
         else:
             before = stored.checkpoint.position
-            moved = stored.checkpoint.sought(to, fence=grant.fence, by=by, at=now, reason=reason)
+            moved = stored.checkpoint.sought(
+                to, fence=grant.fence, by=by, at=now, reason=reason, source=source.description
+            )
             store.replace(moved, stored.etag)
     finally:
         store.release(grant)

@@ -80,8 +80,9 @@ def default_state_store(settings: Mapping[str, str]) -> StateStore:
     if settings.get("WEBSITE_INSTANCE_ID"):
         raise ConfigurationError(
             "No `state=` store was given and this is an Azure Functions instance, where a local "
-            "file store would not be shared between instances. Pass a durable shared store, "
-            "e.g. `state=afdb.LocalStateStore(path)` on a mounted share, or the Blob store."
+            "file store would be neither shared between instances nor kept on scale-in. Pass "
+            "`state=` a store every instance shares (the local file store is only safe when "
+            "every process runs on one machine)."
         )
     from azure_functions_db.state.local import LocalStateStore
 

@@ -66,8 +66,8 @@ class CheckpointStore(Protocol):
         """Return the current record and its etag, or ``None`` when no record exists.
 
         Raises ``CheckpointCorruptError`` when a record exists but does not decode (bad JSON,
-        unknown schema); a corrupt record is never reported as missing, so it is never
-        overwritten by a create.
+        unknown schema) or names another poller than ``key``; a corrupt record is never
+        reported as missing, so it is never overwritten by a create.
         """
         ...
 
@@ -109,14 +109,19 @@ class LeaseManager(Protocol):
         Returns ``None`` (no error) when another owner holds a live lease. ``owner`` is a human
         readable identity (host, pid) shown by ``status``. Also ``None`` for a lease held by the
         same ``owner`` string under another grant: two grants never coexist.
+
+        The fence lives with the lease and must survive releases and expiries; a store that
+        loses it (say, a deleted lease file) restarts at 1, and the core then refuses that owner
+        because the checkpoint carries a higher fence: safe, but stuck until repaired.
         """
         ...
 
     def renew(self, grant: LeaseGrant) -> None:
         """Extend ``grant`` by its duration from now.
 
-        Raises ``LeaseLostError`` if another owner acquired the lease since (fence moved on).
-        Renewing an expired lease nobody else took succeeds and keeps the fence.
+        Raises ``LeaseLostError`` if another owner acquired the lease since (fence moved on) or
+        the grant was released. Renewing an expired lease nobody else took succeeds and keeps
+        the fence.
         """
         ...
 

@@ -284,6 +284,25 @@ def test_case_b_commit_failure_redelivers_the_batch(orders, store, clock):
     assert handler.ids == [1, 2, 3, 4, 1, 2, 3, 4, 5, 6, 7, 8]
 
 
+def test_case_d_row_updated_again_before_it_was_polled_delivers_its_latest_state(
+    orders, store, clock
+):
+    orders.insert(range(1, 5))
+    handler = Recorder()
+    engine = make_engine(orders, store, handler, clock)
+    engine.run(SETTINGS)
+    orders.touch([2], T0 + dt.timedelta(hours=1))
+    with orders.engine.begin() as conn:  # a second update before the next poll
+        conn.execute(
+            orders.table.update()
+            .where(orders.table.c.id == 2)
+            .values(note="second", updated_at=T0 + dt.timedelta(hours=2))
+        )
+    handler.batches.clear()
+    engine.run(SETTINGS)
+    assert [(c.pk, c.data["note"]) for c in handler.batches[0]] == [(2, "second")]
+
+
 def test_case_g_ambiguous_commit_that_landed_is_recognised(orders, store, clock, caplog):
     orders.insert(range(1, 9))
     handler = Recorder()
@@ -337,7 +356,7 @@ def test_case_c_stale_owner_commit_is_rejected_by_the_fence(orders, store, clock
     assert cp.fence == 2
 
 
-def test_case_i_poison_batch_halts_without_skipping(orders, store, clock):
+def test_case_i_poison_batch_halts_without_skipping(orders, store, clock, caplog):
     orders.insert(range(1, 9))
     handler = Recorder()
     handler.fail_with = KeyError("poison")
@@ -348,8 +367,9 @@ def test_case_i_poison_batch_halts_without_skipping(orders, store, clock):
         assert not isinstance(info.value, PoisonBatchError)
         assert info.value.attempts == attempt
     for attempt in (3, 4):
-        with pytest.raises(PoisonBatchError) as poison:
+        with caplog.at_level(logging.CRITICAL), pytest.raises(PoisonBatchError) as poison:
             engine.run(SETTINGS)
+        assert "action=poison_batch" in caplog.text
         assert poison.value.attempts == attempt
         assert "afdb seek" in str(poison.value)
     assert stored(store).position is None
@@ -385,6 +405,21 @@ def test_case_l_changed_cursor_column_stops_with_a_way_out(orders, store, clock)
     message = str(info.value)
     assert "afdb seek" in message
     assert "new name" in message
+    # The way out the message names works: seek adopts the new definition.
+    handler = Recorder()
+    definition = PollerDefinition(
+        config=PollerConfig(name="orders"),
+        schedule="0 * * * * *",
+        source=source,
+        handler=handler,
+        state=store,
+        clock=clock,
+    )
+    seek(definition, SETTINGS, "beginning", reason="cursor is now id", by="ops")
+    engine = Engine(PollerConfig(name="orders"), source, store, handler, clock, owner="x")
+    engine.run(SETTINGS)
+    assert handler.ids == [1, 2, 3, 4]
+    assert stored(store).source == source.description
 
 
 def test_case_l_changed_filter_continues_with_a_warning(orders, store, clock, caplog):
@@ -404,6 +439,12 @@ def test_case_l_changed_filter_continues_with_a_warning(orders, store, clock, ca
         engine.run(SETTINGS)
     assert "action=source_filter_changed" in caplog.text
     assert handler.ids == [6]
+    # The fencing write adopted the new filter: the warning is not repeated on every run.
+    assert stored(store).source == source.description
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        engine.run(SETTINGS)
+    assert "source_filter_changed" not in caplog.text
 
 
 def test_corrupt_checkpoint_is_never_overwritten(orders, clock, tmp_path):

@@ -34,7 +34,7 @@ START_TIMEOUT = 60.0
 def _lease_racer(root: str, out: str, seed: int, seconds: float, go: Event) -> None:
     """Grab the lease as often as possible for ``seconds``; log ``fence start end`` per grant.
 
-    Every seventh grant is abandoned instead of released, so some hand-overs go through expiry.
+    Every tenth grant is abandoned instead of released, so some hand-overs go through expiry.
     """
     store = LocalStateStore(root)
     rng = random.Random(seed)
@@ -43,7 +43,7 @@ def _lease_racer(root: str, out: str, seed: int, seconds: float, go: Event) -> N
     deadline = time.monotonic() + seconds
     with open(out, "w", encoding="utf-8") as log:
         while time.monotonic() < deadline:
-            grant = store.acquire(KEY, f"racer-{seed}", 0.5)
+            grant = store.acquire(KEY, f"racer-{seed}", 0.3)
             if grant is None:
                 time.sleep(rng.uniform(0, 0.003))
                 continue
@@ -52,7 +52,7 @@ def _lease_racer(root: str, out: str, seed: int, seconds: float, go: Event) -> N
             end = time.monotonic()
             log.write(f"{grant.fence} {start!r} {end!r}\n")
             grants += 1
-            if grants % 7 != 3:
+            if grants % 10 != 5:
                 store.release(grant)
 
 

@@ -35,7 +35,7 @@ class Change:
     """One changed row as delivered to the handler.
 
     Attributes:
-        data: The row's columns as a read-only mapping of column name to value.
+        data: The row's columns: a mapping of column name to value, as the driver returned them.
         position: The row's full keyset position.
         event_id: Deterministic idempotency key of this row version (see :func:`event_id`).
         op: ``"upsert"``, or ``"delete"`` for soft-delete sources.

@@ -126,14 +126,16 @@ class Checkpoint:
     stats: CheckpointStats = field(default_factory=CheckpointStats)
     seek: SeekAudit | None = None
 
-    def fenced(self, fence: int) -> Checkpoint:
+    def fenced(self, fence: int, source: SourceDescription | None = None) -> Checkpoint:
         """This record claimed by the owner holding ``fence`` (the write right after acquire).
 
-        Raises :class:`StaleFenceError` when the record was already written under a newer fence.
+        ``source``, when given, replaces the stored source description (the caller has checked
+        that the position still means the same thing for it). Raises :class:`StaleFenceError`
+        when the record was already written under a newer fence.
         """
         if fence < self.fence:
             raise StaleFenceError(self.key, stored=self.fence, mine=fence)
-        return replace(self, fence=fence)
+        return replace(self, fence=fence, source=source if source is not None else self.source)
 
     def advanced(
         self,
@@ -171,16 +173,33 @@ class Checkpoint:
         return replace(self, fence=fence, attempts=self.attempts + 1, last_error=error[:500])
 
     def sought(
-        self, position: Position | None, *, fence: int, by: str, at: dt.datetime, reason: str
+        self,
+        position: Position | None,
+        *,
+        fence: int,
+        by: str,
+        at: dt.datetime,
+        reason: str,
+        source: SourceDescription | None = None,
     ) -> Checkpoint:
-        """The record moved by an operator (the only way backwards), with its audit."""
+        """The record moved by an operator (the only way backwards), with its audit.
+
+        ``source`` is the definition the new position belongs to: after a seek the poller
+        continues under it, which is how an operator adopts a changed cursor or key.
+        """
         if fence < self.fence:
             raise StaleFenceError(self.key, stored=self.fence, mine=fence)
         audit = SeekAudit(
             by=by, at=at, from_position=self.position, to_position=position, reason=reason
         )
         return replace(
-            self, position=position, fence=fence, attempts=0, last_error=None, seek=audit
+            self,
+            position=position,
+            fence=fence,
+            attempts=0,
+            last_error=None,
+            seek=audit,
+            source=source if source is not None else self.source,
         )
 
 

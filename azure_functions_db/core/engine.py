@@ -284,7 +284,7 @@ class Engine:
         assert stored is not None
         self._check_source(stored.checkpoint.source, desc)
         try:
-            claimed = stored.checkpoint.fenced(fence)
+            claimed = stored.checkpoint.fenced(fence, desc)
         except StaleFenceError as exc:
             keeper.mark_lost(f"checkpoint already fenced by {exc.stored}")
             raise LeaseLostError(cfg.name, cfg.namespace, fence, str(exc)) from exc
@@ -347,6 +347,17 @@ class Engine:
                 error=type(exc).__name__,
             )
             if failed.attempts >= cfg.max_attempts:
+                # The alert: same batch, max_attempts failures. Nothing is skipped; an
+                # operator fixes the cause or moves past it with `afdb seek`.
+                self._log(
+                    logging.CRITICAL,
+                    "poison_batch",
+                    fence=batch.fence,
+                    rows=len(batch),
+                    attempts=failed.attempts,
+                    position=cp.position,
+                    policy=cfg.poison,
+                )
                 raise PoisonBatchError(
                     cfg.name, cfg.namespace, failed.attempts, len(batch)
                 ) from exc

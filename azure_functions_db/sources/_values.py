@@ -90,7 +90,7 @@ def parse_value(text: str, column: sa.Column[Any], zone: dt.tzinfo) -> KeyValue:
     if kind is None:
         raise ConfigurationError(
             f"Cursor column `{column.name}` has type `{column.type}`, which `seek --cursor` "
-            "cannot parse. Use `seek --time`, `--beginning` or `--now` instead."
+            "cannot parse. Use `seek --beginning` or `seek --now` instead."
         )
     value = text if kind == "str" else text.strip()
     try:

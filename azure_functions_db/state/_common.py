@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass
 
 from azure_functions_db.core.checkpoint import Checkpoint, PollerKey, decode_checkpoint
+from azure_functions_db.core.logs import log_event
 from azure_functions_db.core.position import CodecError
 from azure_functions_db.errors import (
     CheckpointConflictError,
@@ -65,12 +66,14 @@ def acquire(
     """The record and grant after taking a free or expired lease, or ``None`` if it is live."""
     check_duration(duration)
     if record.is_live(now):
-        logger.debug(
-            "action=lease_busy poller=%s namespace=%s fence=%s holder=%s",
-            key.poller,
-            key.namespace,
-            record.fence,
-            record.owner,
+        log_event(
+            logger,
+            logging.DEBUG,
+            "lease_busy",
+            poller=key.poller,
+            namespace=key.namespace,
+            fence=record.fence,
+            holder=record.owner,
         )
         return None
     fence = record.fence + 1
@@ -82,12 +85,14 @@ def acquire(
         expires_at=now + dt.timedelta(seconds=duration),
     )
     grant = LeaseGrant(key=key, lease_id=lease_id, owner=owner, fence=fence, duration=duration)
-    logger.debug(
-        "action=lease_acquired poller=%s namespace=%s fence=%s owner=%s",
-        key.poller,
-        key.namespace,
-        fence,
-        owner,
+    log_event(
+        logger,
+        logging.DEBUG,
+        "lease_acquired",
+        poller=key.poller,
+        namespace=key.namespace,
+        fence=fence,
+        owner=owner,
     )
     return new, grant
 
@@ -110,12 +115,14 @@ def renew(record: LeaseRecord, grant: LeaseGrant, now: dt.datetime) -> LeaseReco
             owner=record.owner,
             expires_at=now + dt.timedelta(seconds=grant.duration),
         )
-    logger.debug(
-        "action=lease_lost poller=%s namespace=%s fence=%s detail=%s",
-        key.poller,
-        key.namespace,
-        grant.fence,
-        detail,
+    log_event(
+        logger,
+        logging.DEBUG,
+        "lease_renew_refused",
+        poller=key.poller,
+        namespace=key.namespace,
+        fence=grant.fence,
+        detail=detail,
     )
     raise LeaseLostError(key.poller, key.namespace, grant.fence, detail)
 
@@ -127,11 +134,13 @@ def release(record: LeaseRecord, grant: LeaseGrant) -> LeaseRecord | None:
     """
     if record.fence != grant.fence or record.lease_id != grant.lease_id:
         return None
-    logger.debug(
-        "action=lease_released poller=%s namespace=%s fence=%s",
-        grant.key.poller,
-        grant.key.namespace,
-        grant.fence,
+    log_event(
+        logger,
+        logging.DEBUG,
+        "lease_released",
+        poller=grant.key.poller,
+        namespace=grant.key.namespace,
+        fence=grant.fence,
     )
     return LeaseRecord(fence=record.fence)
 
@@ -183,12 +192,14 @@ def conflict(
         except CodecError:
             reason = reason or "the stored record is corrupt; inspect it with `afdb status`"
     key = checkpoint.key
-    logger.debug(
-        "action=checkpoint_conflict poller=%s namespace=%s fence=%s found_fence=%s",
-        key.poller,
-        key.namespace,
-        checkpoint.fence,
-        found_fence,
+    log_event(
+        logger,
+        logging.DEBUG,
+        "checkpoint_cas_rejected",
+        poller=key.poller,
+        namespace=key.namespace,
+        fence=checkpoint.fence,
+        found_fence=found_fence,
     )
     return CheckpointConflictError(
         key.poller,

@@ -105,7 +105,7 @@ class LocalStateStore:
         with self._locked(key):
             if os.path.lexists(path):
                 raise RecordExistsError(key.poller, key.namespace)
-            return self._write_record(path, body)
+            return _write_record(path, body)
 
     def replace(self, checkpoint: Checkpoint, etag: str) -> str:
         """See :meth:`azure_functions_db.ports.CheckpointStore.replace`."""
@@ -127,7 +127,7 @@ class LocalStateStore:
                 )
             if found_etag != etag:
                 raise _common.conflict(checkpoint, etag, found_etag, found_body)
-            return self._write_record(path, body)
+            return _write_record(path, body)
 
     def list_keys(self, namespace: str | None = None) -> Sequence[PollerKey]:
         """See :meth:`azure_functions_db.ports.CheckpointStore.list_keys`."""
@@ -156,7 +156,7 @@ class LocalStateStore:
         """
         path = self.checkpoint_path(key)
         with self._locked(key):
-            return self._write_record(path, bytes(data))
+            return _write_record(path, bytes(data))
 
     # -- LeaseManager ------------------------------------------------------------------------
 
@@ -229,11 +229,6 @@ class LocalStateStore:
         with contextlib.suppress(OSError):
             _fsync_directory(directory.parent.parent)
 
-    def _write_record(self, path: Path, body: bytes) -> str:
-        etag = _common.new_etag()
-        _write_atomic(path, b"afdb-checkpoint etag=" + etag.encode("ascii") + b"\n" + body)
-        return etag
-
 
 def _encode_name(name: str, what: str) -> str:
     if not isinstance(name, str) or not name:
@@ -252,6 +247,12 @@ def _decode_name(encoded: str) -> str | None:
     except UnicodeDecodeError:
         return None
     return name if _encode_name(name, "file") == encoded else None
+
+
+def _write_record(path: Path, body: bytes) -> str:
+    etag = _common.new_etag()
+    _write_atomic(path, b"afdb-checkpoint etag=" + etag.encode("ascii") + b"\n" + body)
+    return etag
 
 
 def _split_record(data: bytes) -> tuple[str | None, bytes]:

@@ -1,0 +1,29 @@
+"""Every benchmark the harness knows, in the order ``python -m benchmarks`` runs them.
+
+To add one (PostgreSQL, Azurite, Spark, ...): write ``benchmarks/<tier>_<what>.py`` exporting
+``BENCHMARK = Benchmark(...)``, raise :class:`~benchmarks.harness.BenchmarkSkipped` from its
+``run`` when its service is not reachable, and list it here.
+"""
+
+from __future__ import annotations
+
+from benchmarks import sqlite_flatness, sqlite_idle, sqlite_memory, sqlite_throughput
+from benchmarks.harness import Benchmark
+
+ALL: tuple[Benchmark, ...] = (
+    sqlite_throughput.BENCHMARK,
+    sqlite_flatness.BENCHMARK,
+    sqlite_idle.BENCHMARK,
+    sqlite_memory.BENCHMARK,
+)
+
+
+def by_name(names: list[str] | None) -> tuple[Benchmark, ...]:
+    """The registered benchmarks named in ``names`` (all of them for ``None``), in run order."""
+    if not names:
+        return ALL
+    known = {b.name for b in ALL}
+    unknown = sorted(set(names) - known)
+    if unknown:
+        raise KeyError(f"unknown benchmark(s) {unknown}; choose from {sorted(known)}")
+    return tuple(b for b in ALL if b.name in names)
