@@ -74,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose + args.verbose_top, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    console = Console(highlight=False)
+    console = Console(highlight=False, soft_wrap=True)
     try:
         handler = {"demo": _demo, "run": _run, "status": _status, "seek": _seek}[args.command]
         return handler(args, console)

@@ -84,19 +84,31 @@ def test_status_json_is_stable(app, capsys):
     assert main(["run", str(app), "--once"]) == EXIT_OK
     doc = status_json(app, capsys)
     assert set(doc) == {
-        "poller", "namespace", "store", "position", "position_text", "fence", "lease",
-        "committed_at", "attempts", "last_error", "stats", "error",
-    }  # fmt: skip
+        "poller",
+        "namespace",
+        "store",
+        "position",
+        "position_text",
+        "fence",
+        "lease",
+        "committed_at",
+        "attempts",
+        "last_error",
+        "stats",
+        "error",
+    }
     assert (doc["poller"], doc["namespace"], doc["fence"], doc["attempts"]) == (
-        "orders", "live", 1, 0,
-    )  # fmt: skip
+        "orders",
+        "live",
+        1,
+        0,
+    )
     assert doc["lease"] == {"state": "free", "holder": None, "fence": 1}
     assert doc["stats"] == {"batches": 3, "rows": 10}
     assert doc["position"] == {
-        "cursor": [{"t": "datetime", "v": (T0 + dt.timedelta(seconds=3)).isoformat()
-                    + ".000000"}],
+        "cursor": [{"t": "datetime", "v": (T0 + dt.timedelta(seconds=3)).isoformat() + ".000000"}],
         "pk": [{"t": "int", "v": "10"}],
-    }  # fmt: skip
+    }
     assert str(doc["store"]).startswith("local:")
 
 

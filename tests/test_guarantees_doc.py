@@ -55,4 +55,6 @@ def test_the_checker_can_fail():
     with pytest.raises(AttributeError):
         resolve("tests/test_engine.py::test_that_does_not_exist")
     with pytest.raises(AssertionError):
-        resolve("tests/test_crash_cases.py::test_cases_e_f_process_killed_mid_batch_loses_nothing[x]")
+        resolve(
+            "tests/test_crash_cases.py::test_cases_e_f_process_killed_mid_batch_loses_nothing[x]"
+        )
