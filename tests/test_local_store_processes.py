@@ -6,7 +6,6 @@ what they saw to their own file; the test reads the files after every worker has
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import itertools
 import multiprocessing
@@ -20,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from azure_functions_db.clock import SystemClock
-from azure_functions_db.core.checkpoint import Checkpoint, CheckpointStats, PollerKey
-from azure_functions_db.errors import CheckpointConflictError
+from azure_functions_db.core.checkpoint import Checkpoint, PollerKey
 from azure_functions_db.state import LocalStateStore
+from azure_functions_db.testing._harness import try_increment
 
 pytestmark = pytest.mark.slow
 
@@ -62,17 +61,7 @@ def _incrementer(root: str, increments: int, go: Event) -> None:
     done = 0
     go.wait(START_TIMEOUT)
     while done < increments:
-        stored = store.read(KEY)
-        assert stored is not None
-        batches = stored.checkpoint.stats.batches + 1
-        bumped = dataclasses.replace(
-            stored.checkpoint, stats=CheckpointStats(batches=batches, rows=batches)
-        )
-        try:
-            store.replace(bumped, stored.etag)
-        except CheckpointConflictError:
-            continue
-        done += 1
+        done += try_increment(store, KEY)
 
 
 def _doomed_holder(root: str, duration: float, ready: Event) -> None:

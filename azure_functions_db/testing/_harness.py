@@ -7,6 +7,7 @@ through :meth:`StoreHarness.advance`, so a store on a real clock plugs in by sle
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import threading
 import uuid
@@ -17,9 +18,15 @@ from typing import ClassVar, TypeVar
 
 import pytest
 
-from azure_functions_db.core.checkpoint import Checkpoint, PollerKey, SourceDescription
+from azure_functions_db.core.checkpoint import (
+    Checkpoint,
+    CheckpointStats,
+    PollerKey,
+    SourceDescription,
+)
 from azure_functions_db.core.clock import FakeClock
 from azure_functions_db.core.position import Position
+from azure_functions_db.errors import CheckpointConflictError
 from azure_functions_db.ports import LeaseGrant, StateStore, StoredCheckpoint
 
 GARBAGE = b'\x00\xff{"schema": 1, "poller": '
@@ -33,6 +40,26 @@ def checkpoint_for(key: PollerKey, n: int = 0, *, fence: int = 0) -> Checkpoint:
     """A small record of ``key`` at position ``(n, n)`` (no position when ``n`` is 0)."""
     position = Position(cursor=(n,), pk=(n,)) if n else None
     return Checkpoint(key=key, position=position, fence=fence, source=SOURCE)
+
+
+def try_increment(store: StateStore, key: PollerKey) -> bool:
+    """One read + compare-and-set adding 1 to ``stats.batches``; False if another writer won.
+
+    The unit of work of the lost-update tests (threads in the contract suite, processes in the
+    local store's tests): the final count must equal the number of ``True`` results.
+    """
+    stored = store.read(key)
+    if stored is None:
+        raise AssertionError(f"no record for {key}")
+    batches = stored.checkpoint.stats.batches + 1
+    bumped = dataclasses.replace(
+        stored.checkpoint, stats=CheckpointStats(batches=batches, rows=batches)
+    )
+    try:
+        store.replace(bumped, stored.etag)
+    except CheckpointConflictError:
+        return False
+    return True
 
 
 def race(count: int, work: Callable[[int], T]) -> list[T]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import json
 import uuid
@@ -27,7 +26,12 @@ from azure_functions_db.errors import (
     RecordExistsError,
 )
 from azure_functions_db.ports import StateStore, StoredCheckpoint
-from azure_functions_db.testing._harness import StoreHarness, checkpoint_for, race
+from azure_functions_db.testing._harness import (
+    StoreHarness,
+    checkpoint_for,
+    race,
+    try_increment,
+)
 
 
 class CheckpointStoreContract(StoreHarness):
@@ -216,19 +220,7 @@ class CheckpointStoreContract(StoreHarness):
         attempts = 25
 
         def increment(_: int) -> int:
-            done = 0
-            for _attempt in range(attempts):
-                stored = self._read(store, key)
-                batches = stored.checkpoint.stats.batches + 1
-                bumped = dataclasses.replace(
-                    stored.checkpoint, stats=CheckpointStats(batches=batches, rows=batches)
-                )
-                try:
-                    store.replace(bumped, stored.etag)
-                except CheckpointConflictError:
-                    continue
-                done += 1
-            return done
+            return sum(try_increment(store, key) for _attempt in range(attempts))
 
         successes = sum(race(self.racers, increment))
         assert successes >= attempts
