@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Iterator, Mapping, Sequence
@@ -37,14 +38,23 @@ class Change:
     Attributes:
         data: The row's columns: a mapping of column name to value, as the driver returned them.
         position: The row's full keyset position.
-        event_id: Deterministic idempotency key of this row version (see :func:`event_id`).
+        poller: The poller that delivered it.
         op: ``"upsert"``, or ``"delete"`` for soft-delete sources.
     """
 
     data: Mapping[str, Any]
     position: Position
-    event_id: str
+    poller: str
     op: Literal["upsert", "delete"] = "upsert"
+
+    @functools.cached_property
+    def event_id(self) -> str:
+        """Deterministic idempotency key of this row version (see :func:`event_id`).
+
+        Computed on first use: a hash per row is most of the engine's own per-row cost, and
+        handlers that do not deduplicate should not pay it.
+        """
+        return event_id(self.poller, self.position)
 
     @property
     def cursor(self) -> Any:

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
-from azure_functions_db.core.batch import Batch, Change, event_id
+from azure_functions_db.core.batch import Batch, Change
 from azure_functions_db.core.checkpoint import (
     Checkpoint,
     PollerKey,
@@ -251,10 +251,7 @@ class Engine:
 
     def _batch(self, cp: Checkpoint, fence: int, rows: Sequence[SourceRow]) -> Batch:
         name = self.config.name
-        changes = [
-            Change(data=r.data, position=r.position, event_id=event_id(name, r.position), op=r.op)
-            for r in rows
-        ]
+        changes = [Change(data=r.data, position=r.position, poller=name, op=r.op) for r in rows]
         return Batch(
             poller=self.config.name,
             namespace=self.config.namespace,

@@ -118,6 +118,8 @@ _DECODERS: dict[str, Any] = {
 
 
 _KEY_TYPES = (int, str, float, Decimal, dt.datetime, dt.date, dt.time, uuid.UUID, bytes)
+# Exact types every value of which encodes (no NaN, no tz-aware time): one set lookup per value.
+_ALWAYS_VALID = frozenset({int, str, bool, dt.datetime, dt.date, uuid.UUID, bytes})
 
 
 def _plainly_valid(value: object) -> bool:
@@ -154,7 +156,7 @@ class Position:
             raise CodecError("a position needs at least one cursor value")
         # Built for every row fetched: a type check here, full encoding only at commit time.
         for value in (*self.cursor, *self.pk):
-            if not _plainly_valid(value):
+            if type(value) not in _ALWAYS_VALID and not _plainly_valid(value):
                 encode_value(value)  # raises the precise CodecError
 
     @property
