@@ -251,7 +251,7 @@ def render(
         for grid in result.grids:
             console.print(f"[italic]{grid.title}[/italic]")
             breakdown = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
-            breakdown.add_column("")
+            breakdown.add_column("", no_wrap=True)
             for column in grid.columns:
                 breakdown.add_column(column, justify="right")
             for label, values in grid.rows:

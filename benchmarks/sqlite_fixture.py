@@ -261,24 +261,6 @@ def scans(ctx: Context, rows: int) -> ScanTimings:
     return ctx.memo(f"sqlite.scans.{rows}", measure)
 
 
-def engine_timing(ctx: Context, rows: int) -> Timing:
-    """Best-of-N engine drain of the ``rows``-row table; reuses :func:`scans` if it ran."""
-    done = ctx.memoized(f"sqlite.scans.{rows}")
-    if isinstance(done, ScanTimings):
-        return done.engine
-    db = orders(ctx, rows)
-    state_dir = ctx.workdir / f"state_{rows}"
-
-    def measure() -> Timing:
-        samples = []
-        for i in range(ctx.repeats):
-            ctx.progress(f"engine drain of {rows:,} rows ({i + 1}/{ctx.repeats})")
-            samples.append(timed(lambda: engine_drain(db, state_dir, ctx.batch_size)))
-        return best_of(samples)
-
-    return ctx.memo(f"sqlite.engine.{rows}", measure)
-
-
 # --------------------------------------------------------------------------------------------
 # Counters
 # --------------------------------------------------------------------------------------------
@@ -287,8 +269,8 @@ def engine_timing(ctx: Context, rows: int) -> Timing:
 class CountingStore:
     """A :class:`~azure_functions_db.ports.StateStore` that counts calls per method.
 
-    Delegates every call to the wrapped store; the counts are what a remote store (Blob, Table)
-    would bill as requests, one per call (the local file store needs no extra round trips).
+    Delegates every call to the wrapped store. On a remote store (Blob, Table) each call is at
+    least one request; how many exactly is for that store's own benchmark to count.
     """
 
     def __init__(self, inner: StateStore) -> None:

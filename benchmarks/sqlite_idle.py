@@ -11,8 +11,8 @@ Scenarios, on a table the engine has drained:
 - ``idle, second run in that process``: steady state again.
 
 Round trips are statements seen by SQLAlchemy's ``before_cursor_execute`` for the table's
-database file; store operations are calls through a counting proxy of ``LocalStateStore``, one
-per request a remote store (Blob, Table) would make.
+database file; store operations are calls through a counting proxy of ``LocalStateStore`` (each
+is at least one request on a remote store such as Blob or Table).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def run(ctx: Context) -> BenchmarkResult:
     columns = ("db", "schema", "health", "fetch", *fx.STORE_METHODS, "store total", "ms")
     rows: list[tuple[str, tuple[Scalar, ...]]] = []
 
-    def measure(key: str, label: str, engine: Engine, rows_expected: int) -> None:
+    def measure(key: str, label: str, short: str, engine: Engine, rows_expected: int) -> None:
         store.reset()
         log.take()
         started = time.perf_counter()
@@ -57,7 +57,7 @@ def run(ctx: Context) -> BenchmarkResult:
         total_ops = sum(ops.values())
         rows.append(
             (
-                label,
+                short,
                 (
                     len(statements),
                     kinds.count("schema"),
@@ -84,14 +84,16 @@ def run(ctx: Context) -> BenchmarkResult:
     with log.listening():
         engine, source = fx.make_engine(db, store, ctx.batch_size)
         try:
-            measure("drain", "drain (first run)", engine, db.rows)
-            measure("idle_steady", "idle, same process", engine, 0)
+            measure("drain", "drain (first run)", "drain", engine, db.rows)
+            measure("idle_steady", "idle, same process", "idle, warm", engine, 0)
         finally:
             source.close()
         engine, source = fx.make_engine(db, store, ctx.batch_size)
         try:
-            measure("idle_first", "idle, first run in a process", engine, 0)
-            measure("idle_second", "idle, second run in that process", engine, 0)
+            measure("idle_first", "idle, first run in a process", "idle, new process", engine, 0)
+            measure(
+                "idle_second", "idle, second run in that process", "idle, 2nd in new", engine, 0
+            )
         finally:
             source.close()
     result.grid("breakdown", "Per run: DB statements by kind, store calls by method", columns, rows)
