@@ -74,16 +74,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose + args.verbose_top, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    console = Console(highlight=False, soft_wrap=True)
+    # No markup: error texts and row values may contain `[...]`; colour goes through style=.
+    console = Console(highlight=False, soft_wrap=True, markup=False)
     try:
         handler = {"demo": _demo, "run": _run, "status": _status, "seek": _seek}[args.command]
         return handler(args, console)
     except ConfigurationError as exc:
-        Console(stderr=True, highlight=False).print(f"[red]error:[/red] {exc}", markup=True)
+        _stderr().print(f"error: {exc}", style="red")
         return EXIT_USAGE
     except AfdbError as exc:
-        Console(stderr=True, highlight=False).print(f"[red]failed:[/red] {exc}", markup=True)
+        _stderr().print(f"failed: {exc}", style="red")
         return EXIT_FAILED
+
+
+def _stderr() -> Console:
+    # soft_wrap: long messages stay one line, so they can be grepped and copied.
+    return Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
 
 def _select(app: str, names: Sequence[str] | None) -> list[Any]:
@@ -124,7 +130,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
                     f"position {r.position or '(beginning)'}"
                 )
         else:
-            console.print(f"[red]{outcome.poller}: failed: {outcome.error}[/red]")
+            console.print(f"{outcome.poller}: failed: {outcome.error}", style="red")
 
     if args.once:
         failures = 0

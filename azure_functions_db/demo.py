@@ -108,7 +108,7 @@ def run_demo(directory: str | Path, console: Console) -> bool:
         )
         if got != expected:
             ok = False
-            console.print(f"[red]expected ids {expected}, delivered {got}[/red]")
+            console.print(f"expected ids {expected}, delivered {got}", style="red")
 
     console.print(f"SQLite table: {db_path}   state: {root / 'state'}")
     step("first run: every order, in (updated_at, id) order", [1, *range(2, 8), 8, 9, 10])
@@ -150,5 +150,5 @@ def run_demo(directory: str | Path, console: Console) -> bool:
         f"{status.fence}, {status.batches} batch(es) / {status.rows} row(s) committed, "
         f"lease {status.lease_state}"
     )
-    console.print("[green]demo OK[/green]" if ok else "[red]demo FAILED[/red]")
+    console.print("demo OK" if ok else "demo FAILED", style="green" if ok else "red")
     return ok

@@ -221,3 +221,25 @@ def test_scheduled_run_follows_the_ncrontab_schedule_until_sigterm(app):
     assert delivered(app) == list(range(1, 12)), out
     assert proc.returncode == 0, out
     assert out.count("orders: caught_up") >= 2
+
+
+def test_app_given_as_module_and_attribute(app, capsys, monkeypatch):
+    package = app.parent / "pkg_for_cli_test"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "pollers.py").write_text(APP)
+    monkeypatch.syspath_prepend(str(app.parent))
+    assert main(["run", "pkg_for_cli_test.pollers:db", "--once"]) == EXIT_OK
+    assert delivered(app) == list(range(1, 11))
+    assert main(["status", "pkg_for_cli_test.pollers:nope"]) == EXIT_USAGE
+    assert "has no `nope`" in capsys.readouterr().err
+
+
+def test_error_text_with_brackets_is_printed_verbatim(app, capsys, monkeypatch, tmp_path):
+    # A changed cursor's error lists columns as ['updated_at']; markup must not eat them.
+    main(["run", str(app), "--once"])
+    changed = tmp_path / "changed_app.py"
+    changed.write_text(APP.replace('cursor="updated_at"', 'cursor="id"'))
+    assert main(["run", str(changed), "--once"]) == EXIT_FAILED
+    out = capsys.readouterr().out
+    assert "cursor ['updated_at'] pk ['id']" in out
