@@ -528,3 +528,22 @@ def test_config_errors_name_the_value(field, value):
     with pytest.raises(ConfigurationError) as info:
         PollerConfig(**kwargs)
     assert repr(value) in str(info.value) or str(value) in str(info.value)
+
+
+def test_case_g_conflict_from_a_retried_write_that_had_landed_is_recognised(
+    orders, store, clock, caplog
+):
+    """An SDK retry of a commit whose first attempt landed sees 412: read back, not redeliver."""
+    orders.insert(range(1, 9))
+    handler = Recorder()
+    flaky = FlakyStore(
+        store,
+        1,
+        land=True,
+        error=CheckpointConflictError("orders", "live", expected_etag="a", found_etag="b"),
+    )
+    with caplog.at_level(logging.WARNING):
+        make_engine(orders, flaky, handler, clock).run(SETTINGS)  # type: ignore[arg-type]
+    assert "action=commit_ambiguous_landed" in caplog.text
+    assert "commit_rejected" not in caplog.text
+    assert handler.ids == list(range(1, 9))

@@ -384,15 +384,22 @@ class Engine:
             )
         except PositionNotForwardError as exc:
             raise PositionRegressionError(cfg.name, str(exc.stored), str(exc.proposed)) from exc
+        new_etag: str | None
         try:
             new_etag = self.store.replace(new, etag)
-        except CheckpointConflictError:
-            keeper.mark_lost("checkpoint changed by another writer")
-            self._log(logging.WARNING, "commit_rejected", fence=batch.fence, rows=len(batch))
-            raise
-        except TransientStoreError as exc:
-            # Ambiguous: the write may have landed. Look, rather than guess.
+        except (CheckpointConflictError, TransientStoreError) as exc:
+            # Ambiguous: a timeout, or a conflict the SDK's own retry of a write that had in fact
+            # landed produced. Look, rather than guess.
             new_etag = self._resolve_ambiguous_commit(new, exc)
+            if new_etag is None:
+                if isinstance(exc, CheckpointConflictError):
+                    keeper.mark_lost("checkpoint changed by another writer")
+                    self._log(
+                        logging.WARNING, "commit_rejected", fence=batch.fence, rows=len(batch)
+                    )
+                else:
+                    self._log(logging.WARNING, "commit_ambiguous_lost", fence=batch.fence)
+                raise
         self._log(
             logging.INFO,
             "batch_committed",
@@ -403,20 +410,23 @@ class Engine:
         )
         return new, new_etag
 
-    def _resolve_ambiguous_commit(self, new: Checkpoint, exc: TransientStoreError) -> str:
-        """Case G: after a commit with an unknown outcome, read back what the store holds."""
+    def _resolve_ambiguous_commit(self, new: Checkpoint, exc: Exception) -> str | None:
+        """Case G: after a commit with an unknown outcome, read back what the store holds.
+
+        Returns the etag if the stored record is exactly the one this commit wrote (same fence,
+        position, stats and commit time: no other writer produces that), else ``None``.
+        """
         cfg = self.config
         stored = self._retrying(self.store.read, cfg.key)
-        if (
-            stored is not None
-            and stored.checkpoint.fence == new.fence
-            and stored.checkpoint.position == new.position
-            and stored.checkpoint.stats == new.stats
-        ):
-            self._log(logging.WARNING, "commit_ambiguous_landed", fence=new.fence)
+        if stored is not None and stored.checkpoint == new:
+            self._log(
+                logging.WARNING,
+                "commit_ambiguous_landed",
+                fence=new.fence,
+                error=type(exc).__name__,
+            )
             return stored.etag
-        self._log(logging.WARNING, "commit_ambiguous_lost", fence=new.fence)
-        raise exc
+        return None
 
     # -- helpers -----------------------------------------------------------------------------
 

@@ -1,0 +1,435 @@
+"""Checkpoints and fenced leases on Azure Blob Storage (the default state store in Azure).
+
+Layout in one container (default ``afdb-state``), names percent-encoded::
+
+    <namespace>/<poller>.lease             empty blob; holds the Azure blob lease;
+                                           metadata: fence=<n>, owner=<who acquired last>
+    <namespace>/<poller>.checkpoint.json   the checkpoint record; written only by etag CAS
+
+Lease expiry is the service's (15-60 s, server side); no local clock is compared anywhere. The
+fence is raised on every acquire by a metadata write that carries the new lease id *and*
+``If-Match`` on the etag read under that lease, so two acquirers can never both raise it to the
+same value. The container and the blobs are created on first use.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from typing import Any, TypeVar
+from urllib.parse import quote, unquote
+
+from azure.core import MatchConditions
+from azure.core.exceptions import (
+    AzureError,
+    ClientAuthenticationError,
+    HttpResponseError,
+    ResourceExistsError,
+    ResourceModifiedError,
+    ResourceNotFoundError,
+    ServiceRequestError,
+    ServiceResponseError,
+)
+from azure.storage.blob import (
+    BlobClient,
+    BlobLeaseClient,
+    BlobServiceClient,
+    ContainerClient,
+    ExponentialRetry,
+)
+
+from azure_functions_db.core.checkpoint import Checkpoint, PollerKey, encode_checkpoint
+from azure_functions_db.errors import (
+    ConfigurationError,
+    LeaseLostError,
+    RecordExistsError,
+    StateStoreError,
+    TransientStoreError,
+)
+from azure_functions_db.ports import LeaseGrant, LeaseInfo, StoredCheckpoint
+from azure_functions_db.state import _common
+from azure_functions_db.state._azure import CLIENT_OPTIONS, DEFAULT_CONNECTION, resolve_storage
+
+T = TypeVar("T")
+
+_CHECKPOINT = ".checkpoint.json"
+_LEASE = ".lease"
+_CONTAINER_NAME = re.compile(r"^(?=.{3,63}$)[a-z0-9]+(-[a-z0-9]+)*$")
+_LOST_CODES = frozenset(
+    {
+        "LeaseIdMismatchWithLeaseOperation",
+        "LeaseNotPresentWithLeaseOperation",
+        "LeaseIdMismatchWithBlobOperation",
+        "LeaseLost",
+        "LeaseIsBrokenAndCannotBeRenewed",
+        "LeaseIsBreakingAndCannotBeAcquired",
+    }
+)
+
+
+def _retry_policy() -> ExponentialRetry:
+    # Waits about 1 s, 3 s, 5 s: transient faults heal within a lease's life (15-60 s).
+    return ExponentialRetry(
+        initial_backoff=1, increment_base=2, retry_total=3, random_jitter_range=1
+    )
+
+
+class BlobStateStore:
+    """Checkpoints and leases in an Azure Blob container; see the module docstring for layout.
+
+    Args:
+        connection: Name of the app setting holding the storage connection, read at first use
+            (``AzureWebJobsStorage`` by default: a connection string, or the identity-based
+            ``AzureWebJobsStorage__accountName`` / ``__blobServiceUri`` settings).
+        container: Container for state; created on first use. 3-63 lowercase letters, digits
+            and hyphens.
+        settings: Where to read ``connection`` from; default: the environment, at first use.
+        client: A ready ``BlobServiceClient`` (overrides ``connection``), e.g. with custom
+            pipeline policies.
+        client_options: Extra keyword arguments for the ``BlobServiceClient``.
+    """
+
+    def __init__(
+        self,
+        connection: str = DEFAULT_CONNECTION,
+        *,
+        container: str = "afdb-state",
+        settings: Mapping[str, str] | None = None,
+        client: BlobServiceClient | None = None,
+        client_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not _CONTAINER_NAME.match(container):
+            raise ConfigurationError(
+                f"Invalid container name `{container}`: use 3-63 lowercase letters, digits and "
+                'single hyphens, starting with a letter or digit (e.g. `container="afdb-state"`).'
+            )
+        if not connection or not isinstance(connection, str):
+            raise ConfigurationError(
+                f"`connection={connection!r}` must name an app setting, e.g. "
+                '`connection="AzureWebJobsStorage"`.'
+            )
+        self._connection = connection
+        self._container_name = container
+        self._settings = settings
+        self._client = client
+        self._client_options = dict(client_options or {})
+        self._container: ContainerClient | None = None
+        self._account = client.account_name if client is not None else None
+
+    # -- clients -----------------------------------------------------------------------------
+
+    @property
+    def container(self) -> ContainerClient:
+        """The container client, created from settings at first use."""
+        if self._container is None:
+            service = self._client or self._make_client()
+            self._account = service.account_name
+            self._container = service.get_container_client(self._container_name)
+        return self._container
+
+    def _make_client(self) -> BlobServiceClient:
+        target = resolve_storage(
+            os.environ if self._settings is None else self._settings, self._connection
+        )
+        options = {"retry_policy": _retry_policy(), **CLIENT_OPTIONS, **self._client_options}
+        if target.connection_string is not None:
+            return BlobServiceClient.from_connection_string(target.connection_string, **options)
+        if target.blob_url is None:
+            raise ConfigurationError(
+                f"Set `{target.setting}__accountName` or `{target.setting}__blobServiceUri` for "
+                "the Blob state store."
+            )
+        return BlobServiceClient(target.blob_url, credential=target.credential, **options)
+
+    def _blob(self, name: str) -> BlobClient:
+        return self.container.get_blob_client(name)
+
+    @staticmethod
+    def checkpoint_name(key: PollerKey) -> str:
+        """Blob name of the checkpoint record of ``key``."""
+        return f"{_encode(key.namespace)}/{_encode(key.poller)}{_CHECKPOINT}"
+
+    @staticmethod
+    def lease_name(key: PollerKey) -> str:
+        """Blob name of the lease blob of ``key``."""
+        return f"{_encode(key.namespace)}/{_encode(key.poller)}{_LEASE}"
+
+    # -- CheckpointStore ---------------------------------------------------------------------
+
+    def read(self, key: PollerKey) -> StoredCheckpoint | None:
+        """See :meth:`azure_functions_db.ports.CheckpointStore.read`."""
+        found = self._download(self.checkpoint_name(key))
+        if found is None:
+            return None
+        data, etag = found
+        return StoredCheckpoint(_common.decode_record(key, data), etag)
+
+    def create(self, checkpoint: Checkpoint) -> str:
+        """See :meth:`azure_functions_db.ports.CheckpointStore.create`."""
+        key = checkpoint.key
+        data = encode_checkpoint(checkpoint)
+        blob = self._blob(self.checkpoint_name(key))
+        try:
+            result = self._in_container(
+                lambda: blob.upload_blob(data, overwrite=False), "create the checkpoint of", key
+            )
+        except ResourceExistsError as exc:
+            raise RecordExistsError(key.poller, key.namespace) from exc
+        return str(result["etag"])
+
+    def replace(self, checkpoint: Checkpoint, etag: str) -> str:
+        """See :meth:`azure_functions_db.ports.CheckpointStore.replace`."""
+        key = checkpoint.key
+        data = encode_checkpoint(checkpoint)
+        blob = self._blob(self.checkpoint_name(key))
+        try:
+            with _translated("write the checkpoint of", key):
+                result = blob.upload_blob(
+                    data, overwrite=True, etag=etag, match_condition=MatchConditions.IfNotModified
+                )
+        except (ResourceModifiedError, ResourceNotFoundError) as exc:
+            found = self._download(self.checkpoint_name(key))
+            found_etag, found_data = (found[1], found[0]) if found else (None, None)
+            raise _common.conflict(checkpoint, etag, found_etag, found_data) from exc
+        return str(result["etag"])
+
+    def list_keys(self, namespace: str | None = None) -> Sequence[PollerKey]:
+        """See :meth:`azure_functions_db.ports.CheckpointStore.list_keys`."""
+        prefix = f"{_encode(namespace)}/" if namespace is not None else None
+        keys: list[PollerKey] = []
+        try:
+            with _translated("list", None):
+                names = [b.name for b in self.container.list_blobs(name_starts_with=prefix)]
+        except ResourceNotFoundError:
+            return []
+        for name in names:
+            ns, _, rest = name.partition("/")
+            if rest.endswith(_CHECKPOINT) and "/" not in rest:
+                keys.append(PollerKey(unquote(ns), unquote(rest[: -len(_CHECKPOINT)])))
+        return sorted(keys, key=lambda k: (k.namespace, k.poller))
+
+    # -- LeaseManager ------------------------------------------------------------------------
+
+    def acquire(self, key: PollerKey, owner: str, duration: float) -> LeaseGrant | None:
+        """See :meth:`azure_functions_db.ports.LeaseManager.acquire`."""
+        seconds = _lease_seconds(duration)
+        blob = self._blob(self.lease_name(key))
+        lease = BlobLeaseClient(blob, lease_id=str(uuid.uuid4()))
+        try:
+            self._with_lease_blob(blob, key, lambda: lease.acquire(lease_duration=seconds))
+        except ResourceExistsError:
+            return None  # LeaseAlreadyPresent: a live lease is held by someone else
+        except HttpResponseError as exc:
+            if _code(exc) == "LeaseIsBreakingAndCannotBeAcquired":
+                return None
+            raise _translate(exc, "acquire the lease of", key) from exc
+        except AzureError as exc:
+            raise _translate(exc, "acquire the lease of", key) from exc
+        try:
+            with _translated("raise the fence of", key):
+                props = blob.get_blob_properties(lease=lease)
+                fence = _fence_of(props.metadata, key) + 1
+                blob.set_blob_metadata(
+                    {"fence": str(fence), "owner": _ascii(owner)},
+                    lease=lease,
+                    etag=props.etag,
+                    match_condition=MatchConditions.IfNotModified,
+                )
+        except BaseException:
+            _quietly(lease.release)
+            raise
+        return LeaseGrant(key=key, lease_id=lease.id, owner=owner, fence=fence, duration=seconds)
+
+    def renew(self, grant: LeaseGrant) -> None:
+        """See :meth:`azure_functions_db.ports.LeaseManager.renew`."""
+        lease = BlobLeaseClient(self._blob(self.lease_name(grant.key)), lease_id=grant.lease_id)
+        try:
+            lease.renew()
+        except ResourceNotFoundError as exc:
+            raise _lost(grant, "the lease blob is gone") from exc
+        except HttpResponseError as exc:
+            if exc.status_code == 409 or _code(exc) in _LOST_CODES:
+                raise _lost(grant, f"renewal refused ({_code(exc)})") from exc
+            raise _translate(exc, "renew the lease of", grant.key) from exc
+        except AzureError as exc:
+            raise _translate(exc, "renew the lease of", grant.key) from exc
+
+    def release(self, grant: LeaseGrant) -> None:
+        """See :meth:`azure_functions_db.ports.LeaseManager.release`."""
+        lease = BlobLeaseClient(self._blob(self.lease_name(grant.key)), lease_id=grant.lease_id)
+        try:
+            lease.release()
+        except ResourceNotFoundError:
+            return
+        except HttpResponseError as exc:
+            if exc.status_code == 409 or _code(exc) in _LOST_CODES:
+                return  # another owner has it: nothing of ours to release
+            raise _translate(exc, "release the lease of", grant.key) from exc
+        except AzureError as exc:
+            raise _translate(exc, "release the lease of", grant.key) from exc
+
+    def inspect(self, key: PollerKey) -> LeaseInfo:
+        """See :meth:`azure_functions_db.ports.LeaseManager.inspect`.
+
+        ``holder`` is the owner recorded by the latest acquire; the expiry time is the
+        service's and is not exposed (``expires_at`` is ``None``).
+        """
+        blob = self._blob(self.lease_name(key))
+        try:
+            with _translated("inspect the lease of", key):
+                props = blob.get_blob_properties()
+        except ResourceNotFoundError:
+            return LeaseInfo(key=key, state="free", holder=None, fence=0)
+        fence = _fence_of(props.metadata, key)
+        if props.lease.status == "locked":
+            return LeaseInfo(key=key, state="held", holder=props.metadata.get("owner"), fence=fence)
+        return LeaseInfo(key=key, state="free", holder=None, fence=fence)
+
+    # -- StateStore --------------------------------------------------------------------------
+
+    def describe(self) -> str:
+        """``blob:<account>/<container>`` (no secrets)."""
+        account = self._account
+        if account is None:
+            try:
+                account = resolve_storage(
+                    os.environ if self._settings is None else self._settings, self._connection
+                ).account
+            except ConfigurationError:
+                account = f"%{self._connection}%"
+        return f"blob:{account}/{self._container_name}"
+
+    def __repr__(self) -> str:
+        return (
+            f"BlobStateStore(connection={self._connection!r}, container={self._container_name!r})"
+        )
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _download(self, name: str) -> tuple[bytes, str] | None:
+        blob = self._blob(name)
+        try:
+            with _translated("read", None):
+                downloader = blob.download_blob()
+                data = downloader.readall()
+        except ResourceNotFoundError:
+            return None
+        return data, str(downloader.properties.etag)
+
+    def _in_container(self, call: Callable[[], T], action: str, key: PollerKey) -> T:
+        """Run ``call``; if the container does not exist yet, create it and run it again."""
+        try:
+            with _translated(action, key):
+                return call()
+        except ResourceNotFoundError as exc:
+            if _code(exc) != "ContainerNotFound":
+                raise
+        self._create_container()
+        with _translated(action, key):
+            return call()
+
+    def _with_lease_blob(self, blob: BlobClient, key: PollerKey, call: Callable[[], T]) -> T:
+        """Run ``call``; if the lease blob (or its container) is missing, create it first.
+
+        SDK errors of ``call`` reach the caller untranslated: it decides what a conflict means.
+        """
+        try:
+            return call()
+        except ResourceNotFoundError:
+            pass
+        try:
+            self._in_container(
+                lambda: blob.upload_blob(b"", overwrite=False, metadata={"fence": "0"}),
+                "create the lease blob of",
+                key,
+            )
+        except ResourceExistsError:
+            pass  # another instance created it first
+        except HttpResponseError as exc:
+            if _code(exc) != "LeaseIdMissing":  # it exists, already leased
+                raise
+        return call()
+
+    def _create_container(self) -> None:
+        try:
+            with _translated("create the container", None):
+                self.container.create_container()
+        except ResourceExistsError:
+            pass
+
+
+def _code(exc: Exception) -> str | None:
+    # The storage SDK adds `error_code` (x-ms-error-code) to the errors it raises.
+    code = getattr(exc, "error_code", None)
+    return str(code) if code is not None else None
+
+
+def _encode(name: str) -> str:
+    return quote(name, safe="")
+
+
+def _ascii(text: str) -> str:
+    # Metadata values must be ASCII; the owner is informational only.
+    return text.encode("ascii", "replace").decode("ascii")[:256]
+
+
+def _lease_seconds(duration: float) -> int:
+    seconds = int(duration)
+    if seconds != duration or not 15 <= seconds <= 60:
+        raise ConfigurationError(
+            f"`lease_duration={duration!r}` cannot be an Azure blob lease: use a whole number "
+            "of seconds from 15 to 60 (e.g. `lease_duration=30`)."
+        )
+    return seconds
+
+
+def _fence_of(metadata: Mapping[str, str], key: PollerKey) -> int:
+    text = metadata.get("fence", "0")
+    if not text.isdigit():
+        raise StateStoreError(
+            f"The lease blob of poller `{key.poller}` (namespace `{key.namespace}`) has a "
+            f"corrupt fence `{text}` in its metadata. Stop every instance of the poller and set "
+            "`fence` to the fence shown by `afdb status` for its checkpoint (or higher)."
+        )
+    return int(text)
+
+
+def _lost(grant: LeaseGrant, detail: str) -> LeaseLostError:
+    return LeaseLostError(grant.key.poller, grant.key.namespace, grant.fence, detail)
+
+
+def _quietly(call: Callable[[], object]) -> None:
+    with suppress(AzureError):
+        call()
+
+
+@contextmanager
+def _translated(action: str, key: PollerKey | None) -> Iterator[None]:
+    """Turn SDK errors into the project's, except the ones callers handle themselves."""
+    try:
+        yield
+    except (ResourceNotFoundError, ResourceExistsError, ResourceModifiedError):
+        raise  # callers decide what these mean
+    except AzureError as exc:
+        raise _translate(exc, action, key) from exc
+
+
+def _translate(exc: AzureError, action: str, key: PollerKey | None) -> StateStoreError:
+    what = f"{action} poller `{key.poller}` (namespace `{key.namespace}`)" if key else action
+    if isinstance(exc, ClientAuthenticationError):
+        return StateStoreError(
+            f"Blob state store could not {what}: not authorised. With managed identity, grant "
+            "the app the `Storage Blob Data Contributor` role on the storage account; with a "
+            "connection string, check its key."
+        )
+    status = getattr(exc, "status_code", None)
+    code = _code(exc)
+    transient = isinstance(exc, ServiceRequestError | ServiceResponseError) or (
+        isinstance(status, int) and (status >= 500 or status in (408, 429))
+    )
+    cls = TransientStoreError if transient else StateStoreError
+    detail = f"HTTP {status} {code}" if status else type(exc).__name__
+    return cls(f"Blob state store could not {what}: {detail}.")
