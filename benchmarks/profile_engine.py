@@ -3,6 +3,12 @@
 Runs one ``Engine.run`` draining the benchmark's ``orders`` table under ``cProfile`` and prints
 the share of the run spent in each stage, then the top functions by own time. cProfile slows
 Python code down a lot more than C code, so read the shares, not the absolute times.
+
+The profiled run uses the benchmarks' no-op handler, which never reads ``Change.event_id``: the id
+is computed lazily, on first access, so that run computes none. What a handler that reads every
+id pays is measured afterwards without the profiler: drains with the no-op handler and with one
+that touches ``change.event_id`` on every row, interleaved, best of ``--repeats``; the difference
+is reported per row.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks import sqlite_fixture as fx
+from benchmarks.harness import Timing, best_of, timed
 
 #: Stages of a run: (label, file path suffix, function name), measured as cumulative time.
 STAGES: tuple[tuple[str, str, str], ...] = (
@@ -25,8 +32,9 @@ STAGES: tuple[tuple[str, str, str], ...] = (
     ("SqlSource.fetch", "sources/sqlalchemy.py", "fetch"),
     ("  of which SQLAlchemy execute + .all()", "sqlalchemy/engine/result.py", "all"),
     ("  of which SourceRow/Position building", "sources/sqlalchemy.py", "_to_rows"),
-    ("Batch building (Engine._batch)", "core/engine.py", "_batch"),
-    ("  of which event_id (sha256 of JSON)", "core/batch.py", "event_id"),
+    ("    of which Position.__post_init__", "core/position.py", "__post_init__"),
+    ("Batch building (Engine._batch, a Change/row)", "core/engine.py", "_batch"),
+    ("event_id (lazy; the no-op handler reads none)", "core/batch.py", "event_id"),
     ("checkpoint commit (Engine._commit)", "core/engine.py", "_commit"),
     ("handler call (Engine._call_handler)", "core/engine.py", "_call_handler"),
 )
@@ -51,7 +59,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=200_000, help="table size")
     parser.add_argument("--batch-size", type=int, default=1000, help="rows per batch")
     parser.add_argument("--top", type=int, default=20, help="functions to list")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="drains per handler when timing event_id without the profiler (0: skip)",
+    )
     args = parser.parse_args(argv)
+    event_ids: tuple[Timing, Timing] | None = None
     with tempfile.TemporaryDirectory(prefix="afdb-profile-") as workdir:
         root = Path(workdir)
         db = fx.build_orders(root / "orders.db", args.rows)
@@ -60,15 +75,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         profiler.enable()
         fx.engine_drain(db, root / "state", args.batch_size)
         profiler.disable()
+        if args.repeats > 0:
+            event_ids = event_id_cost(db, root, args.batch_size, args.repeats)
     stats = pstats.Stats(profiler)
     stages = stage_times(stats)
     whole = stages[0][1] or 1.0
     print(f"Engine drain of {args.rows:,} rows, batch {args.batch_size}, under cProfile")
     for label, seconds in stages:
-        print(f"  {label:<42} {seconds:8.3f} s  {100 * seconds / whole:5.1f} %")
+        print(f"  {label:<46} {seconds:8.3f} s  {100 * seconds / whole:5.1f} %")
     print()
     stats.sort_stats("tottime").print_stats(args.top)
+    if event_ids is not None:
+        print_event_id_cost(*event_ids)
     return 0
+
+
+def event_id_cost(
+    db: fx.OrdersTable, root: Path, batch_size: int, repeats: int
+) -> tuple[Timing, Timing]:
+    """Best-of-``repeats`` drains (no profiler) with the no-op and the event-id-reading handler."""
+    plain: list[tuple[int, float]] = []
+    reading: list[tuple[int, float]] = []
+    for i in range(repeats):
+        print(f"… event_id cost: drains {i + 1}/{repeats}", file=sys.stderr)
+        plain.append(timed(lambda: fx.engine_drain(db, root / "plain", batch_size)))
+        reading.append(
+            timed(lambda: fx.engine_drain(db, root / "ids", batch_size, fx.event_id_handler))
+        )
+    return best_of(plain), best_of(reading)
+
+
+def print_event_id_cost(plain: Timing, reading: Timing) -> None:
+    extra = (reading.seconds - plain.seconds) / plain.rows * 1e6
+    print(f"Cost of Change.event_id, without the profiler (best of {plain.repeats}):")
+    print(f"  no-op handler (reads no event_id)        {plain.rows_per_second:10,.0f} rows/s")
+    print(f"  handler reading every change.event_id    {reading.rows_per_second:10,.0f} rows/s")
+    print(f"  event_id, per row of a handler using it  {extra:10.2f} µs")
 
 
 if __name__ == "__main__":

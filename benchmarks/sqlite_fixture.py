@@ -28,7 +28,7 @@ import sqlalchemy as sa
 from azure_functions_db.clock import SystemClock
 from azure_functions_db.core.batch import Batch
 from azure_functions_db.core.checkpoint import Checkpoint, PollerKey
-from azure_functions_db.core.engine import Engine, PollerConfig, RunReport
+from azure_functions_db.core.engine import Engine, Handler, PollerConfig, RunReport
 from azure_functions_db.ports import LeaseGrant, LeaseInfo, StateStore, StoredCheckpoint
 from azure_functions_db.sources.sqlalchemy import SqlSource
 from azure_functions_db.state.local import LocalStateStore
@@ -189,19 +189,25 @@ def core_scan(db: OrdersTable, batch_size: int) -> int:
 
 
 def noop_handler(batch: Batch) -> None:
-    """The handler of every benchmark: receive the batch, do nothing."""
+    """The handler of every benchmark: receive the batch, do nothing (no event id is computed)."""
+
+
+def event_id_handler(batch: Batch) -> None:
+    """Read every change's ``event_id``, as a deduplicating handler would (profile variant)."""
+    for change in batch:
+        change.event_id  # noqa: B018  # computed lazily, on first access
 
 
 def poller_config(batch_size: int) -> PollerConfig:
     return PollerConfig(name=POLLER, batch_size=batch_size, time_budget=3600, lease_duration=60)
 
 
-def make_engine(db: OrdersTable, store: StateStore, batch_size: int) -> tuple[Engine, SqlSource]:
+def make_engine(
+    db: OrdersTable, store: StateStore, batch_size: int, handler: Handler = noop_handler
+) -> tuple[Engine, SqlSource]:
     """A fresh source and engine, as a new Functions worker process would build them."""
     source = SqlSource(db.url, table="orders", cursor="updated_at", pk="id")
-    engine = Engine(
-        poller_config(batch_size), source, store, noop_handler, SystemClock(), owner=OWNER
-    )
+    engine = Engine(poller_config(batch_size), source, store, handler, SystemClock(), owner=OWNER)
     return engine, source
 
 
@@ -221,9 +227,11 @@ def drained(report: RunReport, db: OrdersTable) -> int:
     return report.rows
 
 
-def engine_drain(db: OrdersTable, state_dir: Path, batch_size: int) -> int:
+def engine_drain(
+    db: OrdersTable, state_dir: Path, batch_size: int, handler: Handler = noop_handler
+) -> int:
     """One ``Engine.run`` from an empty state store to the end of the table; the row count."""
-    engine, source = make_engine(db, fresh_state(state_dir), batch_size)
+    engine, source = make_engine(db, fresh_state(state_dir), batch_size, handler)
     try:
         return drained(engine.run({}), db)
     finally:
