@@ -12,11 +12,24 @@ Nothing here logs or raises a secret: errors name settings, never their values.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
-from azure_functions_db.errors import ConfigurationError
+from azure.core.exceptions import (
+    AzureError,
+    ClientAuthenticationError,
+    ResourceExistsError,
+    ResourceModifiedError,
+    ResourceNotFoundError,
+    ServiceRequestError,
+    ServiceResponseError,
+)
+
+from azure_functions_db.core.checkpoint import PollerKey
+from azure_functions_db.errors import ConfigurationError, StateStoreError, TransientStoreError
 
 DEFAULT_CONNECTION = "AzureWebJobsStorage"
 
@@ -111,3 +124,55 @@ def _account_from_url(url: str) -> str:
     # Azurite style: http://127.0.0.1:10000/devstoreaccount1
     path = re.match(r"https?://[^/]+/([^/?]+)", url)
     return path.group(1) if path else "unknown"
+
+
+def encode_name(name: str) -> str:
+    """A namespace or poller name as one path segment / table key (``%``-encoded)."""
+    return quote(name, safe="")
+
+
+def error_code(exc: Exception) -> str | None:
+    """The storage service's error code (``x-ms-error-code``) the SDKs attach to errors."""
+    code = getattr(exc, "error_code", None)
+    if code is not None:
+        return str(code)
+    # azure-data-tables leaves it unset on some errors; the service's code is in the body.
+    match = _BODY_CODE.search(str(exc))
+    return (match.group(1) or match.group(2)) if match else None
+
+
+_BODY_CODE = re.compile(r'"code"\s*:\s*"(\w+)"|ErrorCode:(\w+)')
+
+_ROLES = {"Blob": "Storage Blob Data Contributor", "Table": "Storage Table Data Contributor"}
+
+
+@contextmanager
+def translated(service: str, action: str, key: PollerKey | None) -> Iterator[None]:
+    """Turn SDK errors into the project's, except the ones callers handle themselves
+    (not found, already exists, modified)."""
+    try:
+        yield
+    except (ResourceNotFoundError, ResourceExistsError, ResourceModifiedError):
+        raise
+    except AzureError as exc:
+        raise translate_error(exc, service, action, key) from exc
+
+
+def translate_error(
+    exc: AzureError, service: str, action: str, key: PollerKey | None
+) -> StateStoreError:
+    """The project's error for an SDK error: transient (5xx, 408, 429, network) or not."""
+    what = f"{action} poller `{key.poller}` (namespace `{key.namespace}`)" if key else action
+    if isinstance(exc, ClientAuthenticationError):
+        return StateStoreError(
+            f"{service} state store could not {what}: not authorised. With managed identity, "
+            f"grant the app the `{_ROLES.get(service, 'Storage Data Contributor')}` role on the "
+            "storage account; with a connection string, check its key."
+        )
+    status = getattr(exc, "status_code", None)
+    transient = isinstance(exc, ServiceRequestError | ServiceResponseError) or (
+        isinstance(status, int) and (status >= 500 or status in (408, 429))
+    )
+    cls = TransientStoreError if transient else StateStoreError
+    detail = f"HTTP {status} {error_code(exc)}" if status else type(exc).__name__
+    return cls(f"{service} state store could not {what}: {detail}.")

@@ -17,21 +17,18 @@ from __future__ import annotations
 import os
 import re
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from typing import Any, TypeVar
-from urllib.parse import quote, unquote
+from urllib.parse import unquote
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
     AzureError,
-    ClientAuthenticationError,
     HttpResponseError,
     ResourceExistsError,
     ResourceModifiedError,
     ResourceNotFoundError,
-    ServiceRequestError,
-    ServiceResponseError,
 )
 from azure.storage.blob import (
     BlobClient,
@@ -47,13 +44,22 @@ from azure_functions_db.errors import (
     LeaseLostError,
     RecordExistsError,
     StateStoreError,
-    TransientStoreError,
 )
 from azure_functions_db.ports import LeaseGrant, LeaseInfo, StoredCheckpoint
 from azure_functions_db.state import _common
-from azure_functions_db.state._azure import CLIENT_OPTIONS, DEFAULT_CONNECTION, resolve_storage
+from azure_functions_db.state._azure import (
+    CLIENT_OPTIONS,
+    DEFAULT_CONNECTION,
+    encode_name,
+    error_code,
+    resolve_storage,
+    translate_error,
+    translated,
+)
 
 T = TypeVar("T")
+
+_BLOB = "Blob"
 
 _CHECKPOINT = ".checkpoint.json"
 _LEASE = ".lease"
@@ -150,12 +156,12 @@ class BlobStateStore:
     @staticmethod
     def checkpoint_name(key: PollerKey) -> str:
         """Blob name of the checkpoint record of ``key``."""
-        return f"{_encode(key.namespace)}/{_encode(key.poller)}{_CHECKPOINT}"
+        return f"{encode_name(key.namespace)}/{encode_name(key.poller)}{_CHECKPOINT}"
 
     @staticmethod
     def lease_name(key: PollerKey) -> str:
         """Blob name of the lease blob of ``key``."""
-        return f"{_encode(key.namespace)}/{_encode(key.poller)}{_LEASE}"
+        return f"{encode_name(key.namespace)}/{encode_name(key.poller)}{_LEASE}"
 
     # -- CheckpointStore ---------------------------------------------------------------------
 
@@ -186,7 +192,7 @@ class BlobStateStore:
         data = encode_checkpoint(checkpoint)
         blob = self._blob(self.checkpoint_name(key))
         try:
-            with _translated("write the checkpoint of", key):
+            with translated(_BLOB, "write the checkpoint of", key):
                 result = blob.upload_blob(
                     data, overwrite=True, etag=etag, match_condition=MatchConditions.IfNotModified
                 )
@@ -198,10 +204,10 @@ class BlobStateStore:
 
     def list_keys(self, namespace: str | None = None) -> Sequence[PollerKey]:
         """See :meth:`azure_functions_db.ports.CheckpointStore.list_keys`."""
-        prefix = f"{_encode(namespace)}/" if namespace is not None else None
+        prefix = f"{encode_name(namespace)}/" if namespace is not None else None
         keys: list[PollerKey] = []
         try:
-            with _translated("list", None):
+            with translated(_BLOB, "list", None):
                 names = [b.name for b in self.container.list_blobs(name_starts_with=prefix)]
         except ResourceNotFoundError:
             return []
@@ -223,13 +229,13 @@ class BlobStateStore:
         except ResourceExistsError:
             return None  # LeaseAlreadyPresent: a live lease is held by someone else
         except HttpResponseError as exc:
-            if _code(exc) == "LeaseIsBreakingAndCannotBeAcquired":
+            if error_code(exc) == "LeaseIsBreakingAndCannotBeAcquired":
                 return None
-            raise _translate(exc, "acquire the lease of", key) from exc
+            raise translate_error(exc, _BLOB, "acquire the lease of", key) from exc
         except AzureError as exc:
-            raise _translate(exc, "acquire the lease of", key) from exc
+            raise translate_error(exc, _BLOB, "acquire the lease of", key) from exc
         try:
-            with _translated("raise the fence of", key):
+            with translated(_BLOB, "raise the fence of", key):
                 props = blob.get_blob_properties(lease=lease)
                 fence = _fence_of(props.metadata, key) + 1
                 blob.set_blob_metadata(
@@ -251,11 +257,11 @@ class BlobStateStore:
         except ResourceNotFoundError as exc:
             raise _lost(grant, "the lease blob is gone") from exc
         except HttpResponseError as exc:
-            if exc.status_code == 409 or _code(exc) in _LOST_CODES:
-                raise _lost(grant, f"renewal refused ({_code(exc)})") from exc
-            raise _translate(exc, "renew the lease of", grant.key) from exc
+            if exc.status_code == 409 or error_code(exc) in _LOST_CODES:
+                raise _lost(grant, f"renewal refused ({error_code(exc)})") from exc
+            raise translate_error(exc, _BLOB, "renew the lease of", grant.key) from exc
         except AzureError as exc:
-            raise _translate(exc, "renew the lease of", grant.key) from exc
+            raise translate_error(exc, _BLOB, "renew the lease of", grant.key) from exc
 
     def release(self, grant: LeaseGrant) -> None:
         """See :meth:`azure_functions_db.ports.LeaseManager.release`."""
@@ -265,11 +271,11 @@ class BlobStateStore:
         except ResourceNotFoundError:
             return
         except HttpResponseError as exc:
-            if exc.status_code == 409 or _code(exc) in _LOST_CODES:
+            if exc.status_code == 409 or error_code(exc) in _LOST_CODES:
                 return  # another owner has it: nothing of ours to release
-            raise _translate(exc, "release the lease of", grant.key) from exc
+            raise translate_error(exc, _BLOB, "release the lease of", grant.key) from exc
         except AzureError as exc:
-            raise _translate(exc, "release the lease of", grant.key) from exc
+            raise translate_error(exc, _BLOB, "release the lease of", grant.key) from exc
 
     def inspect(self, key: PollerKey) -> LeaseInfo:
         """See :meth:`azure_functions_db.ports.LeaseManager.inspect`.
@@ -279,7 +285,7 @@ class BlobStateStore:
         """
         blob = self._blob(self.lease_name(key))
         try:
-            with _translated("inspect the lease of", key):
+            with translated(_BLOB, "inspect the lease of", key):
                 props = blob.get_blob_properties()
         except ResourceNotFoundError:
             return LeaseInfo(key=key, state="free", holder=None, fence=0)
@@ -312,7 +318,7 @@ class BlobStateStore:
     def _download(self, name: str) -> tuple[bytes, str] | None:
         blob = self._blob(name)
         try:
-            with _translated("read", None):
+            with translated(_BLOB, "read", None):
                 downloader = blob.download_blob()
                 data = downloader.readall()
         except ResourceNotFoundError:
@@ -322,13 +328,13 @@ class BlobStateStore:
     def _in_container(self, call: Callable[[], T], action: str, key: PollerKey) -> T:
         """Run ``call``; if the container does not exist yet, create it and run it again."""
         try:
-            with _translated(action, key):
+            with translated(_BLOB, action, key):
                 return call()
         except ResourceNotFoundError as exc:
-            if _code(exc) != "ContainerNotFound":
+            if error_code(exc) != "ContainerNotFound":
                 raise
         self._create_container()
-        with _translated(action, key):
+        with translated(_BLOB, action, key):
             return call()
 
     def _with_lease_blob(self, blob: BlobClient, key: PollerKey, call: Callable[[], T]) -> T:
@@ -349,26 +355,16 @@ class BlobStateStore:
         except ResourceExistsError:
             pass  # another instance created it first
         except HttpResponseError as exc:
-            if _code(exc) != "LeaseIdMissing":  # it exists, already leased
+            if error_code(exc) != "LeaseIdMissing":  # it exists, already leased
                 raise
         return call()
 
     def _create_container(self) -> None:
         try:
-            with _translated("create the container", None):
+            with translated(_BLOB, "create the container", None):
                 self.container.create_container()
         except ResourceExistsError:
             pass
-
-
-def _code(exc: Exception) -> str | None:
-    # The storage SDK adds `error_code` (x-ms-error-code) to the errors it raises.
-    code = getattr(exc, "error_code", None)
-    return str(code) if code is not None else None
-
-
-def _encode(name: str) -> str:
-    return quote(name, safe="")
 
 
 def _ascii(text: str) -> str:
@@ -404,32 +400,3 @@ def _lost(grant: LeaseGrant, detail: str) -> LeaseLostError:
 def _quietly(call: Callable[[], object]) -> None:
     with suppress(AzureError):
         call()
-
-
-@contextmanager
-def _translated(action: str, key: PollerKey | None) -> Iterator[None]:
-    """Turn SDK errors into the project's, except the ones callers handle themselves."""
-    try:
-        yield
-    except (ResourceNotFoundError, ResourceExistsError, ResourceModifiedError):
-        raise  # callers decide what these mean
-    except AzureError as exc:
-        raise _translate(exc, action, key) from exc
-
-
-def _translate(exc: AzureError, action: str, key: PollerKey | None) -> StateStoreError:
-    what = f"{action} poller `{key.poller}` (namespace `{key.namespace}`)" if key else action
-    if isinstance(exc, ClientAuthenticationError):
-        return StateStoreError(
-            f"Blob state store could not {what}: not authorised. With managed identity, grant "
-            "the app the `Storage Blob Data Contributor` role on the storage account; with a "
-            "connection string, check its key."
-        )
-    status = getattr(exc, "status_code", None)
-    code = _code(exc)
-    transient = isinstance(exc, ServiceRequestError | ServiceResponseError) or (
-        isinstance(status, int) and (status >= 500 or status in (408, 429))
-    )
-    cls = TransientStoreError if transient else StateStoreError
-    detail = f"HTTP {status} {code}" if status else type(exc).__name__
-    return cls(f"Blob state store could not {what}: {detail}.")
