@@ -6,8 +6,12 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# Azurite (the Azure Storage emulator) is pinned to an exact version in tools/azurite/package.json
+# and package-lock.json; the Blob/Table tests start it from there (tests/azurite.py).
+AZURITE_DIR   := tools/azurite
+AZURITE_STAMP := $(AZURITE_DIR)/node_modules/.installed
 
-.PHONY: help demo test lint format bench clean
+.PHONY: help demo test lint format bench azurite clean
 
 help: ## Show the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -21,7 +25,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP) ## Run a sample poller on a local SQLite table with the local state store
 	$(BIN)/afdb demo
 
-test: $(STAMP) ## Run the whole test suite
+$(AZURITE_STAMP): $(AZURITE_DIR)/package.json $(AZURITE_DIR)/package-lock.json
+	npm ci --prefix $(AZURITE_DIR) --no-audit --no-fund
+	touch $(AZURITE_STAMP)
+
+azurite: $(AZURITE_STAMP) ## Install the pinned Azurite (npm) that the Blob/Table tests start
+
+test: $(STAMP) $(AZURITE_STAMP) ## Run the whole test suite (Blob/Table tests against Azurite)
 	$(BIN)/python -m pytest
 
 lint: $(STAMP) ## ruff (lint + format check) and mypy --strict
@@ -36,5 +46,5 @@ format: $(STAMP) ## Apply ruff fixes and formatting
 bench: $(STAMP) ## Run the benchmarks (ratios against a baseline in the same run)
 	$(BIN)/python -m benchmarks
 
-clean: ## Remove the virtualenv, caches and demo files
-	rm -rf $(VENV) .afdb .pytest_cache .mypy_cache .ruff_cache .hypothesis
+clean: ## Remove the virtualenv, Azurite's node_modules, caches and demo files
+	rm -rf $(VENV) $(AZURITE_DIR)/node_modules .afdb .pytest_cache .mypy_cache .ruff_cache .hypothesis

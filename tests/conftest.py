@@ -1,12 +1,28 @@
-"""Shared fixtures and the CI guard: in CI (``CI=true``) a skipped test fails the session."""
+"""Shared fixtures and the CI guard: in CI (``CI=true``) a skipped test fails the session.
+
+Azure Storage tests run against the real Azurite (``tests/azurite.py``): the session-scoped
+``azurite`` fixture, unique ``azurite_container`` / ``azurite_table_name`` names that are deleted
+after each test, and ``private_azurite`` for a test that needs an emulator of its own. Every test
+that uses one of them gets the ``azurite`` marker.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
+if TYPE_CHECKING:
+    from .azurite import Azurite
+
 _skipped: list[str] = []
+_AZURITE_FIXTURES = frozenset({"azurite", "private_azurite"})
+_shared_azurite: list[Azurite] = []  # the session's instance, once the fixture made it
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -25,3 +41,94 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                 bold=True,
             )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# -- Azurite --------------------------------------------------------------------------------------
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _AZURITE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.azurite)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # A test that stopped, killed or paused the shared Azurite and failed before undoing it must
+    # not take every later test down with it.
+    if _shared_azurite and "azurite" in getattr(item, "fixturenames", ()):
+        _shared_azurite[0].ensure_running()
+
+
+def _skip_unless_azurite_installed() -> None:
+    from .azurite import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
+    """The one Azurite of this run (Blob + Table on free loopback ports, data on disk).
+
+    A test may ``restart()``, ``kill()`` or ``pause()`` it, and must leave it running.
+    """
+    from .azurite import Azurite
+
+    _skip_unless_azurite_installed()
+    instance = Azurite(tmp_path_factory.mktemp("azurite")).start()
+    _shared_azurite.append(instance)
+    try:
+        yield instance
+    finally:
+        _shared_azurite.clear()
+        instance.stop()
+
+
+@pytest.fixture
+def private_azurite(tmp_path: Path) -> Iterator[Azurite]:
+    """An Azurite of this test's own, for tests that would disturb the shared one."""
+    from .azurite import Azurite
+
+    _skip_unless_azurite_installed()
+    with Azurite(tmp_path / "azurite") as instance:
+        yield instance
+
+
+@pytest.fixture
+def azurite_container(azurite: Azurite) -> Iterator[str]:
+    """A fresh blob container name (``t-`` + 12 hex digits); the test creates the container if it
+    needs one, and it is deleted afterwards, leases and all."""
+    from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
+    from azure.storage.blob import BlobLeaseClient, BlobServiceClient
+
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    yield name
+    azurite.ensure_running()
+    with BlobServiceClient.from_connection_string(azurite.connection_string) as service:
+        container = service.get_container_client(name)
+        try:
+            container.delete_container()
+        except ResourceNotFoundError:
+            pass
+        except HttpResponseError as exc:
+            if exc.error_code != "LeaseIdMissing":
+                raise
+            BlobLeaseClient(container).break_lease(lease_break_period=0)
+            container.delete_container()
+
+
+@pytest.fixture
+def azurite_table_name(azurite: Azurite) -> Iterator[str]:
+    """A fresh table name (``t`` + 12 hex digits); the table is deleted afterwards if it exists."""
+    from azure.core.exceptions import ResourceNotFoundError
+    from azure.data.tables import TableServiceClient
+
+    name = f"t{uuid.uuid4().hex[:12]}"
+    yield name
+    azurite.ensure_running()
+    with (
+        TableServiceClient.from_connection_string(azurite.connection_string) as service,
+        contextlib.suppress(ResourceNotFoundError),
+    ):
+        service.delete_table(name)
