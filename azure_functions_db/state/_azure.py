@@ -135,7 +135,7 @@ def error_code(exc: Exception) -> str | None:
     """The storage service's error code (``x-ms-error-code``) the SDKs attach to errors."""
     code = getattr(exc, "error_code", None)
     if code is not None:
-        return str(code)
+        return str(getattr(code, "value", code))  # the SDKs' codes are str enums
     # azure-data-tables leaves it unset on some errors; the service's code is in the body.
     match = _BODY_CODE.search(str(exc))
     return (match.group(1) or match.group(2)) if match else None

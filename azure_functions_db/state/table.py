@@ -16,11 +16,16 @@ from typing import Any, TypeVar
 from urllib.parse import unquote
 
 from azure.core import MatchConditions
-from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
+from azure.core.exceptions import (
+    AzureError,
+    ResourceExistsError,
+    ResourceModifiedError,
+    ResourceNotFoundError,
+)
 from azure.data.tables import TableClient, TableEntity, TableServiceClient, UpdateMode
 
 from azure_functions_db.core.checkpoint import Checkpoint, PollerKey, encode_checkpoint
-from azure_functions_db.errors import ConfigurationError, RecordExistsError
+from azure_functions_db.errors import CheckpointConflictError, ConfigurationError, RecordExistsError
 from azure_functions_db.ports import LeaseGrant, LeaseInfo, StoredCheckpoint
 from azure_functions_db.state import _common
 from azure_functions_db.state._azure import (
@@ -29,6 +34,7 @@ from azure_functions_db.state._azure import (
     encode_name,
     error_code,
     resolve_storage,
+    translate_error,
     translated,
 )
 from azure_functions_db.state.blob import BlobStateStore
@@ -126,19 +132,29 @@ class TableStateStore:
         """See :meth:`azure_functions_db.ports.CheckpointStore.replace`."""
         key = checkpoint.key
         try:
-            with translated(_TABLE, "write the checkpoint of", key):
-                result = self.table.update_entity(
-                    _entity(checkpoint),
-                    mode=UpdateMode.REPLACE,
-                    etag=etag,
-                    match_condition=MatchConditions.IfNotModified,
-                )
+            result = self.table.update_entity(
+                _entity(checkpoint),
+                mode=UpdateMode.REPLACE,
+                etag=etag,
+                match_condition=MatchConditions.IfNotModified,
+            )
         except (ResourceModifiedError, ResourceNotFoundError) as exc:
-            found = self._get(key)
-            found_etag = _etag(found) if found is not None else None
-            found_data = _record(found) if found is not None else None
-            raise _common.conflict(checkpoint, etag, found_etag, found_data) from exc
+            raise self._conflict(checkpoint, etag) from exc
+        except AzureError as exc:
+            # The service answers 400 InvalidInput (not 412) to an etag that is not one of its
+            # own; such an etag matches no record: a conflict. Any other error is not.
+            if error_code(exc) == "InvalidInput":
+                conflict = self._conflict(checkpoint, etag)
+                if conflict.found_etag != etag:
+                    raise conflict from exc
+            raise translate_error(exc, _TABLE, "write the checkpoint of", key) from exc
         return str(result["etag"])
+
+    def _conflict(self, checkpoint: Checkpoint, etag: str) -> CheckpointConflictError:
+        found = self._get(checkpoint.key)
+        found_etag = _etag(found) if found is not None else None
+        found_data = _record(found) if found is not None else None
+        return _common.conflict(checkpoint, etag, found_etag, found_data)
 
     def list_keys(self, namespace: str | None = None) -> Sequence[PollerKey]:
         """See :meth:`azure_functions_db.ports.CheckpointStore.list_keys`."""

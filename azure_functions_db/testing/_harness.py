@@ -118,7 +118,11 @@ class StoreHarness:
 
     def _exact_clock(self) -> None:
         if not self.controllable_clock:
-            pytest.skip("needs a store whose time can be moved to an exact instant")
+            # The prefix tells the project's CI guard this is no missing service tier.
+            pytest.skip(
+                "not applicable: needs a store whose time can be moved to an exact instant "
+                "(Azure decides lease expiry on its own clock)"
+            )
 
     def _past_expiry(self, clock: FakeClock) -> None:
         self.advance(clock, self.lease_duration + self.clock_slack)
