@@ -20,6 +20,9 @@ idempotency key).
     app.register_functions(db)
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from azure_functions_db.core.batch import Batch, Change
 from azure_functions_db.core.checkpoint import Checkpoint, PollerKey
 from azure_functions_db.core.engine import PollerConfig, RunReport
@@ -48,9 +51,27 @@ from azure_functions_db.sources.sqlalchemy import SqlSource
 from azure_functions_db.state.local import LocalStateStore
 from azure_functions_db.state.memory import MemoryStateStore
 
+if TYPE_CHECKING:
+    from azure_functions_db.state.blob import BlobStateStore
+    from azure_functions_db.state.table import TableStateStore
+
+# The Azure stores need the `azure` extra; import them only when asked for.
+_LAZY = {
+    "BlobStateStore": "azure_functions_db.state.blob",
+    "TableStateStore": "azure_functions_db.state.table",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "AfdbError",
     "Batch",
+    "BlobStateStore",
     "Change",
     "Checkpoint",
     "CheckpointConflictError",
@@ -75,6 +96,7 @@ __all__ = [
     "SourceError",
     "SqlSource",
     "StateStoreError",
+    "TableStateStore",
     "TransientSourceError",
     "TransientStoreError",
 ]

@@ -70,20 +70,30 @@ def default_owner() -> str:
     return f"{instance}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+def under_functions_host(settings: Mapping[str, str]) -> bool:
+    """Whether this process runs under an Azure Functions host (in Azure or ``func start``)."""
+    return bool(settings.get("WEBSITE_INSTANCE_ID") or settings.get("FUNCTIONS_WORKER_RUNTIME"))
+
+
 def default_state_store(settings: Mapping[str, str]) -> StateStore:
     """The state store used when a poller has no ``state=``.
 
-    Locally (``afdb run``, ``afdb demo``, tests): a :class:`LocalStateStore` in
-    ``$AFDB_STATE_DIR`` or ``./.afdb/state``. On an Azure Functions instance a local file is not
-    shared between instances and is lost on scale-in, so there we refuse to guess.
+    Under a Functions host (deployed, or ``func start`` with Azurite): a
+    :class:`~azure_functions_db.state.blob.BlobStateStore` on the ``AzureWebJobsStorage``
+    account, shared by every instance. Elsewhere (``afdb run``, ``afdb demo``, tests): a
+    :class:`~azure_functions_db.state.local.LocalStateStore` in ``$AFDB_STATE_DIR`` or
+    ``./.afdb/state``.
     """
-    if settings.get("WEBSITE_INSTANCE_ID"):
-        raise ConfigurationError(
-            "No `state=` store was given and this is an Azure Functions instance, where a local "
-            "file store would be neither shared between instances nor kept on scale-in. Pass "
-            "`state=` a store every instance shares (the local file store is only safe when "
-            "every process runs on one machine)."
-        )
+    if under_functions_host(settings):
+        try:
+            from azure_functions_db.state.blob import BlobStateStore
+        except ImportError as exc:
+            raise ConfigurationError(
+                "Pollers under a Functions host keep their state in Azure Blob Storage by "
+                "default, which needs the `azure` extra: add `azure-functions-db[azure]` to "
+                "requirements.txt (or pass another shared store as `state=`)."
+            ) from exc
+        return BlobStateStore(settings=settings)
     from azure_functions_db.state.local import LocalStateStore
 
     return LocalStateStore(Path(settings.get(STATE_DIR_SETTING, DEFAULT_STATE_DIR)))

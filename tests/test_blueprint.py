@@ -179,8 +179,24 @@ def test_disclosure_is_in_the_decorator_docstring():
     assert "idempotent" in doc
 
 
-def test_default_state_refuses_to_guess_on_azure(orders):
+def test_default_state_is_blob_under_a_functions_host_and_local_elsewhere(orders, tmp_path):
+    from azure_functions_db.poller import default_state_store
+    from azure_functions_db.state.blob import BlobStateStore
+    from azure_functions_db.state.local import LocalStateStore
+
+    azure = {"WEBSITE_INSTANCE_ID": "abc", "AzureWebJobsStorage__accountName": "acct"}
+    store = default_state_store(azure)
+    assert isinstance(store, BlobStateStore)
+    assert store.describe() == "blob:acct/afdb-state"
+    func_start = {"FUNCTIONS_WORKER_RUNTIME": "python", "AzureWebJobsStorage": "x=y"}
+    assert isinstance(default_state_store(func_start), BlobStateStore)
+    local = default_state_store({"AFDB_STATE_DIR": str(tmp_path / "s")})
+    assert isinstance(local, LocalStateStore)
+    assert local.describe() == f"local:{tmp_path / 's'}"
+
+
+def test_missing_storage_setting_under_a_host_names_it(orders):
     db = afdb.PollerBlueprint()
     db.poller(name="orders", schedule="0 * * * * *", source=source(orders.url))(lambda b: None)
-    with pytest.raises(ConfigurationError, match="state="):
+    with pytest.raises(ConfigurationError, match="AzureWebJobsStorage"):
         db.pollers["orders"].run_once({"WEBSITE_INSTANCE_ID": "abc"})
