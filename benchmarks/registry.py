@@ -7,7 +7,13 @@ To add one (PostgreSQL, Azurite, Spark, ...): write ``benchmarks/<tier>_<what>.p
 
 from __future__ import annotations
 
-from benchmarks import sqlite_flatness, sqlite_idle, sqlite_memory, sqlite_throughput
+from benchmarks import (
+    azurite_requests,
+    sqlite_flatness,
+    sqlite_idle,
+    sqlite_memory,
+    sqlite_throughput,
+)
 from benchmarks.harness import Benchmark
 
 ALL: tuple[Benchmark, ...] = (
@@ -15,6 +21,7 @@ ALL: tuple[Benchmark, ...] = (
     sqlite_flatness.BENCHMARK,
     sqlite_idle.BENCHMARK,
     sqlite_memory.BENCHMARK,
+    azurite_requests.BENCHMARK,
 )
 
 

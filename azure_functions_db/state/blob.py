@@ -93,9 +93,10 @@ class BlobStateStore:
         container: Container for state; created on first use. 3-63 lowercase letters, digits
             and hyphens.
         settings: Where to read ``connection`` from; default: the environment, at first use.
-        client: A ready ``BlobServiceClient`` (overrides ``connection``), e.g. with custom
-            pipeline policies.
-        client_options: Extra keyword arguments for the ``BlobServiceClient``.
+        client: A ready ``BlobServiceClient`` (overrides ``connection``).
+        client_options: Extra keyword arguments for the ``BlobServiceClient`` (timeouts,
+            ``retry_policy``, ``raw_request_hook``/``raw_response_hook``). The storage SDK
+            ignores ``per_call_policies``: hook into requests with the raw hooks instead.
     """
 
     def __init__(

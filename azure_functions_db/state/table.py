@@ -59,7 +59,9 @@ class TableStateStore:
         settings: Where to read ``connection`` from; default: the environment, at first use.
         client: A ready ``TableServiceClient`` (overrides ``connection`` for the table).
         leases: A ready lease store (overrides ``connection`` and ``lease_container``).
-        client_options: Extra keyword arguments for the ``TableServiceClient``.
+        client_options: Extra keyword arguments for the ``TableServiceClient`` (timeouts,
+            retry settings, ``raw_request_hook``/``raw_response_hook``; the table clients it
+            makes do not inherit ``per_call_policies``).
     """
 
     def __init__(
