@@ -74,6 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose + args.verbose_top, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if level > logging.DEBUG:
+        # -v is for our own lines; the Azure SDK logs every HTTP request at INFO.
+        logging.getLogger("azure").setLevel(logging.WARNING)
     # No markup: error texts and row values may contain `[...]`; colour goes through style=.
     console = Console(highlight=False, soft_wrap=True, markup=False)
     try:

@@ -197,6 +197,28 @@ class LeaseLostError(AfdbError):
         )
 
 
+class FenceBehindCheckpointError(LeaseLostError):
+    """The lease granted a fence lower than the one already stored in the checkpoint.
+
+    Either a newer owner fenced the checkpoint after this lease was taken, or the lease record
+    lost its counter (a deleted lease blob or file restarts it at 1). In the second case the
+    poller cannot proceed until the lease's fence is raised: stop every instance, then set the
+    lease's ``fence`` (blob metadata ``fence``, or ``fence`` in the local ``.lease`` file) to at
+    least the checkpoint's fence shown by ``afdb status``.
+    """
+
+    def __init__(self, poller: str, namespace: str, fence: int, stored: int) -> None:
+        self.stored = stored
+        super().__init__(
+            poller,
+            namespace,
+            fence,
+            f"the checkpoint already carries fence {stored}. If no other instance is running, "
+            f"the lease record lost its counter: stop every instance and set the lease's `fence` "
+            f"to {stored} or more (see docs/state.md, 'Repair')",
+        )
+
+
 class LeaseHeldError(AfdbError):
     """Another owner holds the poller's lease. Operator commands (seek) need it free.
 

@@ -11,10 +11,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from azure_functions_db.core.checkpoint import Checkpoint
+from azure_functions_db.core.checkpoint import Checkpoint, StaleFenceError
 from azure_functions_db.core.logs import log_event
 from azure_functions_db.core.position import KeyValue, Position
-from azure_functions_db.errors import CheckpointCorruptError, LeaseHeldError
+from azure_functions_db.errors import (
+    CheckpointCorruptError,
+    FenceBehindCheckpointError,
+    LeaseHeldError,
+)
 from azure_functions_db.poller import PollerDefinition
 
 logger = logging.getLogger(__name__)
@@ -159,7 +163,7 @@ def seek(
         now = definition.clock.now()
         stored = store.read(cfg.key)
         if stored is None:
-            base = Checkpoint(key=cfg.key, fence=grant.fence, source=source.description)
+            base = Checkpoint(key=cfg.key, source=source.description)
             moved = base.sought(
                 to, fence=grant.fence, by=by, at=now, reason=reason, source=source.description
             )
@@ -171,6 +175,8 @@ def seek(
                 to, fence=grant.fence, by=by, at=now, reason=reason, source=source.description
             )
             store.replace(moved, stored.etag)
+    except StaleFenceError as exc:
+        raise FenceBehindCheckpointError(cfg.name, cfg.namespace, grant.fence, exc.stored) from exc
     finally:
         store.release(grant)
     log_event(

@@ -68,6 +68,13 @@ def test_stale_fence_is_rejected_everywhere():
     with pytest.raises(StaleFenceError):
         cp.sought(None, fence=6, by="x", at=AT, reason="")
     assert cp.fenced(8).fence == 8
+    # A claim (fencing write, seek) by a new grant needs a strictly newer fence; commits under
+    # the same grant keep theirs.
+    with pytest.raises(StaleFenceError):
+        cp.fenced(7)
+    with pytest.raises(StaleFenceError):
+        cp.sought(None, fence=7, by="x", at=AT, reason="")
+    assert cp.advanced(pos(1, 1), fence=7, at=AT, rows=1, source=None).fence == 7
 
 
 def test_advance_resets_attempts_and_counts_stats():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,7 @@ from azure_functions_db.errors import (
     CheckpointConflictError,
     CheckpointCorruptError,
     ConfigurationError,
+    FenceBehindCheckpointError,
     HandlerError,
     LeaseLostError,
     PoisonBatchError,
@@ -547,3 +549,39 @@ def test_case_g_conflict_from_a_retried_write_that_had_landed_is_recognised(
     assert "action=commit_ambiguous_landed" in caplog.text
     assert "commit_rejected" not in caplog.text
     assert handler.ids == list(range(1, 9))
+
+
+def test_lost_lease_counter_gives_a_clear_error_and_the_documented_repair_works(
+    orders, clock, tmp_path
+):
+    """A deleted lease record restarts its fence below the checkpoint's: refuse, explain."""
+    orders.insert(range(1, 5))
+    store = LocalStateStore(tmp_path / "state", clock=clock)
+    key = PollerConfig(name="orders").key
+    make_engine(orders, store, Recorder(), clock).run(SETTINGS)
+    make_engine(orders, store, Recorder(), clock).run(SETTINGS)
+    assert stored(store).fence == 2
+    store.lease_path(key).unlink()  # an operator deletes the lease record
+    handler = Recorder()
+    with pytest.raises(FenceBehindCheckpointError) as info:
+        make_engine(orders, store, handler, clock).run(SETTINGS)
+    assert info.value.stored == 2
+    assert "set the lease's `fence` to 2 or more" in str(info.value)
+    assert handler.batches == []
+    definition = PollerDefinition(
+        config=PollerConfig(name="orders"),
+        schedule="0 * * * * *",
+        source=SqlSource(url=orders.url, table="orders", cursor="updated_at", pk="id"),
+        handler=handler,
+        state=store,
+        clock=clock,
+    )
+    with pytest.raises(FenceBehindCheckpointError):
+        seek(definition, SETTINGS, "beginning", by="ops")
+    # The repair the message names: raise the lease's fence to the checkpoint's.
+    lease = json.loads(store.lease_path(key).read_text())
+    store.lease_path(key).write_text(json.dumps({**lease, "fence": 2}))
+    orders.insert([5], base=T0 + dt.timedelta(hours=1))
+    make_engine(orders, store, handler, clock).run(SETTINGS)
+    assert handler.ids == [5]
+    assert stored(store).fence == 3

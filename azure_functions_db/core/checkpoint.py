@@ -130,10 +130,12 @@ class Checkpoint:
         """This record claimed by the owner holding ``fence`` (the write right after acquire).
 
         ``source``, when given, replaces the stored source description (the caller has checked
-        that the position still means the same thing for it). Raises :class:`StaleFenceError`
-        when the record was already written under a newer fence.
+        that the position still means the same thing for it). A new grant's fence is strictly
+        above every earlier one, so an equal or lower stored fence means the record was already
+        claimed under this fence or a newer one (or the lease lost its counter): raises
+        :class:`StaleFenceError`.
         """
-        if fence < self.fence:
+        if fence <= self.fence:
             raise StaleFenceError(self.key, stored=self.fence, mine=fence)
         return replace(self, fence=fence, source=source if source is not None else self.source)
 
@@ -187,7 +189,7 @@ class Checkpoint:
         ``source`` is the definition the new position belongs to: after a seek the poller
         continues under it, which is how an operator adopts a changed cursor or key.
         """
-        if fence < self.fence:
+        if fence <= self.fence:  # a seek is a claim by a new grant, like `fenced`
             raise StaleFenceError(self.key, stored=self.fence, mine=fence)
         audit = SeekAudit(
             by=by, at=at, from_position=self.position, to_position=position, reason=reason
@@ -257,7 +259,7 @@ def decode_checkpoint(data: bytes) -> Checkpoint:
     if schema != SCHEMA_VERSION:
         raise CodecError(
             f"unknown schema `{schema}` (this version reads schema {SCHEMA_VERSION}); was it "
-            "written by a newer azure-functions-db?"
+            "written by a newer azure-functions-db"
         )
     committed = doc.get("committed_at")
     committed_at = decode_value(committed) if committed is not None else None

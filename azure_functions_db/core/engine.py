@@ -31,8 +31,8 @@ from azure_functions_db.core.position import Position
 from azure_functions_db.errors import (
     CheckpointConflictError,
     ConfigurationError,
+    FenceBehindCheckpointError,
     HandlerError,
-    LeaseLostError,
     PoisonBatchError,
     PositionRegressionError,
     RecordExistsError,
@@ -284,7 +284,7 @@ class Engine:
             claimed = stored.checkpoint.fenced(fence, desc)
         except StaleFenceError as exc:
             keeper.mark_lost(f"checkpoint already fenced by {exc.stored}")
-            raise LeaseLostError(cfg.name, cfg.namespace, fence, str(exc)) from exc
+            raise FenceBehindCheckpointError(cfg.name, cfg.namespace, fence, exc.stored) from exc
         etag = self.store.replace(claimed, stored.etag)
         return StoredCheckpoint(claimed, etag)
 

@@ -163,7 +163,7 @@ def translate_error(
 ) -> StateStoreError:
     """The project's error for an SDK error: transient (5xx, 408, 429, network) or not."""
     what = f"{action} poller `{key.poller}` (namespace `{key.namespace}`)" if key else action
-    if isinstance(exc, ClientAuthenticationError):
+    if isinstance(exc, ClientAuthenticationError) or getattr(exc, "status_code", None) == 403:
         return StateStoreError(
             f"{service} state store could not {what}: not authorised. With managed identity, "
             f"grant the app the `{_ROLES.get(service, 'Storage Data Contributor')}` role on the "
