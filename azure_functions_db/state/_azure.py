@@ -12,10 +12,10 @@ Nothing here logs or raises a secret: errors name settings, never their values.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 from azure.core.exceptions import (
@@ -30,6 +30,8 @@ from azure.core.exceptions import (
 
 from azure_functions_db.core.checkpoint import PollerKey
 from azure_functions_db.errors import ConfigurationError, StateStoreError, TransientStoreError
+
+T = TypeVar("T")
 
 DEFAULT_CONNECTION = "AzureWebJobsStorage"
 
@@ -176,3 +178,26 @@ def translate_error(
     cls = TransientStoreError if transient else StateStoreError
     detail = f"HTTP {status} {error_code(exc)}" if status else type(exc).__name__
     return cls(f"{service} state store could not {what}: {detail}.")
+
+
+def creating_parent(
+    call: Callable[[], T],
+    create: Callable[[], object],
+    *,
+    missing: str,
+    service: str,
+    action: str,
+    key: PollerKey,
+) -> T:
+    """Run ``call``; if it fails because its container or table (error code ``missing``) does
+    not exist yet, ``create`` that (a racing creator is fine) and run ``call`` again."""
+    try:
+        with translated(service, action, key):
+            return call()
+    except ResourceNotFoundError as exc:
+        if error_code(exc) != missing:
+            raise
+    with suppress(ResourceExistsError), translated(service, f"create the parent of {action}", None):
+        create()
+    with translated(service, action, key):
+        return call()

@@ -50,6 +50,7 @@ from azure_functions_db.state import _common
 from azure_functions_db.state._azure import (
     CLIENT_OPTIONS,
     DEFAULT_CONNECTION,
+    creating_parent,
     encode_name,
     error_code,
     resolve_storage,
@@ -328,15 +329,14 @@ class BlobStateStore:
 
     def _in_container(self, call: Callable[[], T], action: str, key: PollerKey) -> T:
         """Run ``call``; if the container does not exist yet, create it and run it again."""
-        try:
-            with translated(_BLOB, action, key):
-                return call()
-        except ResourceNotFoundError as exc:
-            if error_code(exc) != "ContainerNotFound":
-                raise
-        self._create_container()
-        with translated(_BLOB, action, key):
-            return call()
+        return creating_parent(
+            call,
+            self.container.create_container,
+            missing="ContainerNotFound",
+            service=_BLOB,
+            action=action,
+            key=key,
+        )
 
     def _with_lease_blob(self, blob: BlobClient, key: PollerKey, call: Callable[[], T]) -> T:
         """Run ``call``; if the lease blob (or its container) is missing, create it first.
@@ -359,13 +359,6 @@ class BlobStateStore:
             if error_code(exc) != "LeaseIdMissing":  # it exists, already leased
                 raise
         return call()
-
-    def _create_container(self) -> None:
-        try:
-            with translated(_BLOB, "create the container", None):
-                self.container.create_container()
-        except ResourceExistsError:
-            pass
 
 
 def _ascii(text: str) -> str:

@@ -31,6 +31,7 @@ from azure_functions_db.state import _common
 from azure_functions_db.state._azure import (
     CLIENT_OPTIONS,
     DEFAULT_CONNECTION,
+    creating_parent,
     encode_name,
     error_code,
     resolve_storage,
@@ -226,19 +227,14 @@ class TableStateStore:
 
     def _in_table(self, call: Callable[[], T], key: PollerKey) -> T:
         """Run ``call``; if the table does not exist yet, create it and run it again."""
-        try:
-            with translated(_TABLE, "write the checkpoint of", key):
-                return call()
-        except ResourceNotFoundError as exc:
-            if error_code(exc) != "TableNotFound":
-                raise
-        try:
-            with translated(_TABLE, "create the table", None):
-                self.table.create_table()
-        except ResourceExistsError:
-            pass
-        with translated(_TABLE, "write the checkpoint of", key):
-            return call()
+        return creating_parent(
+            call,
+            self.table.create_table,
+            missing="TableNotFound",
+            service=_TABLE,
+            action="write the checkpoint of",
+            key=key,
+        )
 
 
 def _entity(checkpoint: Checkpoint) -> dict[str, Any]:
