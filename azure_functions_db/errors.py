@@ -190,6 +190,7 @@ class LeaseLostError(AfdbError):
         self.poller = poller
         self.namespace = namespace
         self.fence = fence
+        self.detail = detail
         suffix = f": {detail}" if detail else ""
         super().__init__(
             f"Lease for poller `{poller}` (namespace `{namespace}`, fence {fence}) was lost"

@@ -326,15 +326,17 @@ def test_case_g_ambiguous_commit_that_did_not_land_redelivers(orders, store, clo
     assert handler.ids == [1, 2, 3, 4, 1, 2, 3, 4, 5, 6, 7, 8]
 
 
-def test_case_h_lease_lost_during_handler_discards_the_result(orders, store, clock):
+def test_case_h_lease_lost_during_handler_discards_the_result(orders, store, clock, caplog):
     orders.insert(range(1, 9))
 
     def outlives_lease(batch: Batch) -> None:
         clock.advance(31)  # longer than the 30 s lease, and no heartbeat got through
 
-    with pytest.raises(LeaseLostError):
+    with caplog.at_level(logging.WARNING), pytest.raises(LeaseLostError) as info:
         make_engine(orders, store, outlives_lease, clock).run(SETTINGS)
     assert stored(store).position is None
+    assert "action=lease_lost" in caplog.text
+    assert str(info.value).count("was lost") == 1
 
 
 def test_case_c_stale_owner_commit_is_rejected_by_the_fence(orders, store, clock, tmp_path):

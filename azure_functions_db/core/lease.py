@@ -66,7 +66,7 @@ class LeaseKeeper:
         try:
             self._leases.renew(self.grant)
         except LeaseLostError as exc:
-            self.mark_lost(f"renewal refused: {exc}")
+            self.mark_lost(exc.detail or "renewal refused")
         except AfdbError as exc:
             log_event(
                 logger,
@@ -82,27 +82,31 @@ class LeaseKeeper:
                 self._renewed_at = max(self._renewed_at, sent_at)
 
     def mark_lost(self, reason: str) -> None:
+        """Record that the lease is lost (the first reason wins) and log it once."""
         with self._lock:
-            if self._lost_reason is None:
-                self._lost_reason = reason
-                log_event(
-                    logger,
-                    logging.WARNING,
-                    "lease_lost",
-                    poller=self.grant.key.poller,
-                    namespace=self.grant.key.namespace,
-                    fence=self.grant.fence,
-                    reason=reason,
-                )
+            if self._lost_reason is not None:
+                return
+            self._lost_reason = reason
+        log_event(
+            logger,
+            logging.WARNING,
+            "lease_lost",
+            poller=self.grant.key.poller,
+            namespace=self.grant.key.namespace,
+            fence=self.grant.fence,
+            reason=reason,
+        )
 
     def lost_reason(self) -> str | None:
         """Why the lease is lost, or ``None`` while it is still safely held."""
         with self._lock:
-            if self._lost_reason is None:
-                age = self._clock.monotonic() - self._renewed_at
-                if age >= self.grant.duration:
-                    self._lost_reason = f"not renewed for {age:.1f}s (lease {self.grant.duration}s)"
-            return self._lost_reason
+            reason = self._lost_reason
+            age = self._clock.monotonic() - self._renewed_at
+        if reason is None and age >= self.grant.duration:
+            self.mark_lost(f"not renewed for {age:.1f}s (lease {self.grant.duration:g}s)")
+            with self._lock:
+                reason = self._lost_reason
+        return reason
 
     def ensure_held(self) -> None:
         """Raise :class:`LeaseLostError` if the lease is lost."""

@@ -78,9 +78,12 @@ _LOST_CODES = frozenset(
 
 
 def _retry_policy() -> ExponentialRetry:
-    # Waits about 1 s, 3 s, 5 s: transient faults heal within a lease's life (15-60 s).
+    # The SDK waits initial_backoff + increment_base**n (n = 1, 2), +-1 s: about 2 s, then 4 s,
+    # so a retried call gives up well inside a 15 s lease; the engine retries whole operations
+    # on top, and a renewal that keeps failing ends with the lease counted lost (the fence
+    # keeps even a slow one safe).
     return ExponentialRetry(
-        initial_backoff=1, increment_base=2, retry_total=3, random_jitter_range=1
+        initial_backoff=0, increment_base=2, retry_total=2, random_jitter_range=1
     )
 
 
