@@ -274,15 +274,23 @@ class FlakyStore:
         return getattr(self.inner, name)
 
 
-def test_case_b_commit_failure_redelivers_the_batch(orders, store, clock):
+def first_commit_fails_then_rerun(
+    orders: Orders, store: StateStore, clock: FakeClock, error: Exception
+) -> Recorder:
+    """Run with the first commit failing (not landing) with ``error``, then run again."""
     orders.insert(range(1, 9))
     handler = Recorder()
     # A fresh poller's fencing write is a create, so replace #1 is the first commit.
-    flaky = FlakyStore(store, 1, land=False, error=StateStoreError("disk full"))
-    with pytest.raises(StateStoreError):
+    flaky = FlakyStore(store, 1, land=False, error=error)
+    with pytest.raises(type(error)):
         make_engine(orders, flaky, handler, clock).run(SETTINGS)  # type: ignore[arg-type]
     assert stored(store).position is None
     make_engine(orders, store, handler, clock).run(SETTINGS)
+    return handler
+
+
+def test_case_b_commit_failure_redelivers_the_batch(orders, store, clock):
+    handler = first_commit_fails_then_rerun(orders, store, clock, StateStoreError("disk full"))
     assert handler.ids == [1, 2, 3, 4, 1, 2, 3, 4, 5, 6, 7, 8]
 
 
@@ -317,12 +325,7 @@ def test_case_g_ambiguous_commit_that_landed_is_recognised(orders, store, clock,
 
 
 def test_case_g_ambiguous_commit_that_did_not_land_redelivers(orders, store, clock):
-    orders.insert(range(1, 9))
-    handler = Recorder()
-    flaky = FlakyStore(store, 1, land=False, error=TransientStoreError("timeout"))
-    with pytest.raises(TransientStoreError):
-        make_engine(orders, flaky, handler, clock).run(SETTINGS)  # type: ignore[arg-type]
-    make_engine(orders, store, handler, clock).run(SETTINGS)
+    handler = first_commit_fails_then_rerun(orders, store, clock, TransientStoreError("timeout"))
     assert handler.ids == [1, 2, 3, 4, 1, 2, 3, 4, 5, 6, 7, 8]
 
 
