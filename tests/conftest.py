@@ -139,3 +139,48 @@ def azurite_table_name(azurite: Azurite) -> Iterator[str]:
         contextlib.suppress(ResourceNotFoundError),
     ):
         service.delete_table(name)
+
+
+# -- PostgreSQL and MariaDB (tests/dbservers.py) ----------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> str:
+    """The URL of PostgreSQL's ``test`` database; skips (failing CI) if the server is down."""
+    from . import dbservers
+
+    url = dbservers.pg_url()
+    reason = dbservers.unavailable_reason(url, "PostgreSQL")
+    if reason is not None:
+        pytest.skip(reason)
+    return url
+
+
+@pytest.fixture(scope="session")
+def mysql_url() -> str:
+    """The URL of MariaDB's ``test`` database; skips (failing CI) if the server is down."""
+    from . import dbservers
+
+    url = dbservers.mysql_url()
+    reason = dbservers.unavailable_reason(url, "MariaDB")
+    if reason is not None:
+        pytest.skip(reason)
+    return url
+
+
+@pytest.fixture
+def pg_schema(pg_url: str) -> Iterator[str]:
+    """A fresh schema ``t_<hex>`` in PostgreSQL's ``test`` database, dropped CASCADE after."""
+    from . import dbservers
+
+    with dbservers.pg_schema(pg_url) as name:
+        yield name
+
+
+@pytest.fixture
+def mysql_db(mysql_url: str) -> Iterator[str]:
+    """A fresh MariaDB database ``t_<hex>``, dropped after (URL: ``dbservers.mysql_url(name)``)."""
+    from . import dbservers
+
+    with dbservers.mysql_database(mysql_url) as name:
+        yield name
