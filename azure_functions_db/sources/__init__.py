@@ -1,5 +1,11 @@
 """Sources: the adapters of the :class:`~azure_functions_db.ports.Source` port."""
 
-from azure_functions_db.sources.sqlalchemy import HorizonStrategy, LagHorizon, NoHorizon, SqlSource
+from azure_functions_db.sources.sqlalchemy import (
+    AutoHorizon,
+    HorizonStrategy,
+    LagHorizon,
+    NoHorizon,
+    SqlSource,
+)
 
-__all__ = ["HorizonStrategy", "LagHorizon", "NoHorizon", "SqlSource"]
+__all__ = ["AutoHorizon", "HorizonStrategy", "LagHorizon", "NoHorizon", "SqlSource"]

@@ -5,22 +5,50 @@ at commit. A batch that reads past a cursor value while a slower transaction hol
 is still open would never see that row. The horizon is an exclusive upper bound on the leading
 cursor column below which no row can still appear; rows at or above it wait for a later batch.
 
-This module holds the seam (:class:`HorizonStrategy`) and the dialect-neutral strategies; the
-per-dialect ones (PostgreSQL ``pg_snapshot_xmin`` / oldest ``xact_start``, SQL Server
-``MIN_ACTIVE_ROWVERSION()``, MySQL ``innodb_trx``) plug in beside them.
+This module holds the seam (:class:`HorizonStrategy`), the dialect-neutral strategies and
+:class:`AutoHorizon`, which picks the commit-safe per-dialect strategy of
+:mod:`~azure_functions_db.sources._dialect_horizons` when the database allows it and otherwise
+falls back to ``lag``, saying so once, loudly.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from sqlalchemy.dialects import mssql
 
 from azure_functions_db.core.position import KeyValue
 from azure_functions_db.errors import ConfigurationError
+from azure_functions_db.sources._dialect_horizons import (
+    DEFAULT_SETTLE,
+    TIME_KINDS,
+    HorizonUnavailable,
+    MssqlRowversionHorizon,
+    MysqlTrxHorizon,
+    PgSnapshotHorizon,
+    PgXactStartHorizon,
+    pg_cursor_type,
+)
 from azure_functions_db.sources._values import column_kind, time_bound
 
 if TYPE_CHECKING:
     from azure_functions_db.sources.sqlalchemy import SqlSource
+
+
+__all__ = [
+    "AutoHorizon",
+    "HorizonStrategy",
+    "LagHorizon",
+    "MssqlRowversionHorizon",
+    "MysqlTrxHorizon",
+    "NoHorizon",
+    "PgSnapshotHorizon",
+    "PgXactStartHorizon",
+]
+
+logger = logging.getLogger(__name__)
 
 
 @runtime_checkable
@@ -88,3 +116,116 @@ class LagHorizon:
 
     def __repr__(self) -> str:
         return "LagHorizon()"
+
+
+class AutoHorizon:
+    """The commit-safe horizon the database offers, else ``lag`` — said once, loudly.
+
+    Per dialect and leading cursor:
+
+    * PostgreSQL ``xid8`` → :class:`PgSnapshotHorizon`; date-time → :class:`PgXactStartHorizon`
+      when the role may see every session (``pg_read_all_stats``) and the server is a primary.
+    * MySQL/MariaDB date-time → :class:`MysqlTrxHorizon` when the user has ``PROCESS``.
+    * SQL Server ``rowversion`` → :class:`MssqlRowversionHorizon`.
+    * SQLite → the source's ``lag`` (none by default), quietly: SQLite serializes writers, so a
+      value stamped by the writing statement commits before any later writer can stamp one.
+    * anything else → the source's ``lag`` with one WARNING line ``action=horizon_fallback``
+      naming the reason and the fix; the reason is kept in :attr:`detail`.
+
+    A privilege lost while running (e.g. ``pg_read_all_stats`` revoked) switches to the fallback
+    the same way. After :meth:`prepare`, :attr:`name` is the chosen strategy's name.
+    """
+
+    def __init__(self, settle: dt.timedelta = DEFAULT_SETTLE) -> None:
+        self.name = "auto"
+        self.detail = ""
+        self.settle = settle
+        self.chosen: HorizonStrategy | None = None
+        self._warned = False
+
+    def prepare(self, source: SqlSource) -> None:
+        """Choose the strategy for ``source``'s dialect and cursor, checking its privileges."""
+        dialect = source.engine.dialect.name
+        column = source.cursor_columns[0]
+        kind = column_kind(column)
+        safe: PgSnapshotHorizon | PgXactStartHorizon | MysqlTrxHorizon | MssqlRowversionHorizon
+        if dialect == "sqlite":
+            self._choose(source, _baseline(source), "")
+            return
+        if dialect == "postgresql" and pg_cursor_type(source) == "xid8":
+            safe = PgSnapshotHorizon()
+        elif dialect == "postgresql" and kind in TIME_KINDS:
+            safe = PgXactStartHorizon(self.settle)
+        elif dialect in ("mysql", "mariadb") and kind in TIME_KINDS:
+            safe = MysqlTrxHorizon(self.settle)
+        elif dialect == "mssql" and isinstance(column.type, mssql.TIMESTAMP):
+            safe = MssqlRowversionHorizon()
+        else:
+            self._fall_back(source, _no_safe_method(source, dialect))
+            return
+        if isinstance(safe, PgXactStartHorizon | MysqlTrxHorizon):
+            try:
+                safe.safe_bound(source)
+            except HorizonUnavailable as exc:
+                self._fall_back(source, exc.reason)
+                return
+        self._choose(source, safe, "")
+
+    def bound(self, source: SqlSource, now: dt.datetime) -> KeyValue | None:
+        """The chosen strategy's bound; on a lost privilege, the fallback's (and one warning)."""
+        if self.chosen is None:
+            self.prepare(source)
+        assert self.chosen is not None
+        try:
+            return self.chosen.bound(source, now)
+        except HorizonUnavailable as exc:
+            self._fall_back(source, exc.reason)
+            return self.chosen.bound(source, now)
+
+    def _choose(self, source: SqlSource, strategy: HorizonStrategy, detail: str) -> None:
+        if detail == "":
+            strategy.prepare(source)
+        self.chosen, self.name, self.detail = strategy, strategy.name, detail
+
+    def _fall_back(self, source: SqlSource, reason: str) -> None:
+        fallback = _baseline(source)
+        fallback.prepare(source)
+        margin = f"lag={source.lag.total_seconds():g}s" if source.lag else "no horizon (lag=0)"
+        detail = f"commit-safe horizon unavailable, using {margin}: {reason}"
+        if not self._warned:
+            self._warned = True
+            logger.warning(
+                "action=horizon_fallback table=%s dialect=%s cursor=%s method=%s reason=%s; rows "
+                "of transactions that commit late can be missed until this is fixed",
+                source.description.table,
+                source.engine.dialect.name,
+                source.cursor_columns[0].name,
+                fallback.name,
+                detail,
+            )
+        self.chosen, self.name, self.detail = fallback, fallback.name, detail
+
+    def __repr__(self) -> str:
+        return f"AutoHorizon(settle={self.settle!r})"
+
+
+def _baseline(source: SqlSource) -> HorizonStrategy:
+    if source.lag > dt.timedelta(0):
+        return LagHorizon()
+    return NoHorizon()
+
+
+def _no_safe_method(source: SqlSource, dialect: str) -> str:
+    column = source.cursor_columns[0]
+    fixes = {
+        "postgresql": "stamp a `timestamptz` cursor with `now()`, or an `xid8` cursor with "
+        "`pg_current_xact_id()`",
+        "mysql": "use a `DATETIME(6)` cursor stamped with `NOW(6)`",
+        "mariadb": "use a `DATETIME(6)` cursor stamped with `NOW(6)`",
+        "mssql": "use a `rowversion` cursor",
+    }
+    fix = fixes.get(dialect, "set `lag=` longer than your longest write transaction")
+    return (
+        f"no commit-safe horizon for cursor `{column.name}` ({column.type}) on {dialect}; fix: "
+        f"{fix}, or set `lag=` longer than your longest write transaction"
+    )

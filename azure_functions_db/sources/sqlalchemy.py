@@ -40,11 +40,16 @@ from azure_functions_db.errors import (
 from azure_functions_db.ports import Horizon, SourceHealth, SourceRow
 from azure_functions_db.sources import _config as config
 from azure_functions_db.sources import _health as health
-from azure_functions_db.sources._horizon import HorizonStrategy, LagHorizon, NoHorizon
+from azure_functions_db.sources._horizon import (
+    AutoHorizon,
+    HorizonStrategy,
+    LagHorizon,
+    NoHorizon,
+)
 from azure_functions_db.sources._keyset import KeysetQuery, picker, text_filter
 from azure_functions_db.sources._values import parse_value
 
-__all__ = ["HorizonStrategy", "LagHorizon", "NoHorizon", "SqlSource"]
+__all__ = ["AutoHorizon", "HorizonStrategy", "LagHorizon", "NoHorizon", "SqlSource"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +83,10 @@ class SqlSource:
         on_null_cursor: ``"skip"`` counts and reports rows with a NULL cursor in :meth:`check`;
             ``"raise"`` makes :meth:`check` raise ``NullCursorError``.
         engine_options: Extra ``sqlalchemy.create_engine`` arguments.
-        horizon: Horizon strategy; default :class:`LagHorizon` when ``lag > 0``, else none.
+        horizon: Horizon strategy. ``"auto"`` (the default) picks the commit-safe method of the
+            dialect and cursor type (PostgreSQL snapshot xmin or oldest open transaction,
+            MySQL/MariaDB ``innodb_trx``, SQL Server ``MIN_ACTIVE_ROWVERSION()``) and falls back
+            to ``lag`` saying so once, loudly; ``"lag"``, ``"none"``, or a strategy object.
         clock: Time source for the horizon; default the system clock.
     """
 
@@ -97,7 +105,7 @@ class SqlSource:
         cursor_timezone: str | None = None,
         on_null_cursor: Literal["skip", "raise"] = "skip",
         engine_options: Mapping[str, Any] | None = None,
-        horizon: HorizonStrategy | None = None,
+        horizon: HorizonStrategy | Literal["auto", "lag", "none"] | None = None,
         clock: Clock | None = None,
     ) -> None:
         if not isinstance(url, str) or not url.strip():
@@ -127,14 +135,20 @@ class SqlSource:
                 f"`{engine_options!r}`."
             )
         self._engine_options = dict(engine_options or {})
-        if horizon is not None and not isinstance(horizon, HorizonStrategy):
+        self._horizon: HorizonStrategy
+        if horizon is None or horizon == "auto":
+            self._horizon = AutoHorizon()
+        elif horizon == "lag":
+            self._horizon = LagHorizon()
+        elif horizon == "none":
+            self._horizon = NoHorizon()
+        elif isinstance(horizon, HorizonStrategy):
+            self._horizon = horizon
+        else:
             raise ConfigurationError(
-                f"`horizon={horizon!r}` is not a horizon strategy: pass `LagHorizon()`, "
-                "`NoHorizon()` or an object with `name`, `prepare()` and `bound()`."
+                f'`horizon={horizon!r}` is not a horizon strategy: pass `"auto"` (the '
+                'default), `"lag"`, `"none"`, or an object with `name`, `prepare()` and `bound()`.'
             )
-        self._horizon: HorizonStrategy = horizon or (
-            LagHorizon() if self._lag > dt.timedelta(0) else NoHorizon()
-        )
         self._clock: Clock = clock or SystemClock()
         self._engine: sa.Engine | None = None
         self._query: KeysetQuery | None = None
@@ -232,7 +246,11 @@ class SqlSource:
         self._require_open()
         with self._db_errors("horizon"):
             bound = self._horizon.bound(self, self._clock.now())
-        return Horizon(bound=bound, method=self._horizon.name if bound is not None else "none")
+        return Horizon(
+            bound=bound,
+            method=self._horizon.name if bound is not None else "none",
+            detail=getattr(self._horizon, "detail", ""),
+        )
 
     def fetch(self, after: Position | None, limit: int, horizon: Horizon) -> Sequence[SourceRow]:
         """Up to ``limit`` rows strictly after ``after`` and below ``horizon``, in keyset order."""

@@ -1,0 +1,336 @@
+"""Commit-safe horizons that ask the database which transactions are still open (SPEC §5.3).
+
+Each strategy returns an exclusive bound on the leading cursor column such that every row whose
+cursor is below it has either committed or rolled back: no transaction that could still commit
+such a row is open. All of them are taken before the batch is read and cost one short query.
+
+========================  ==============================  ====================================
+strategy                  cursor                          needs
+========================  ==============================  ====================================
+``PgSnapshotHorizon``     PostgreSQL ``xid8``             nothing
+``PgXactStartHorizon``    PostgreSQL date-time            ``pg_read_all_stats`` (or superuser)
+``MysqlTrxHorizon``       MySQL/MariaDB date-time         ``PROCESS``
+``MssqlRowversionHorizon`` SQL Server ``rowversion``       nothing
+========================  ==============================  ====================================
+
+Date-time cursors are safe when the database stamps them: PostgreSQL ``now()`` is the start of
+the transaction, so the oldest ``xact_start`` of every open transaction bounds every value still
+to commit; MySQL ``NOW()`` is the start of the statement, and InnoDB lists a transaction in
+``innodb_trx`` from its first InnoDB statement. Values computed by the application, or (MySQL)
+read with ``SELECT NOW()`` before the transaction touched an InnoDB table, are not covered: use
+``lag`` as an extra margin for those. A source's ``lag`` always applies on top of the safe bound.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import mssql
+
+from azure_functions_db.core.position import KeyValue
+from azure_functions_db.errors import ConfigurationError, SourceError
+from azure_functions_db.sources._values import column_kind, time_bound
+
+if TYPE_CHECKING:
+    from azure_functions_db.sources.sqlalchemy import SqlSource
+
+__all__ = [
+    "TIME_KINDS",
+    "HorizonUnavailable",
+    "MssqlRowversionHorizon",
+    "MysqlTrxHorizon",
+    "PgSnapshotHorizon",
+    "PgXactStartHorizon",
+    "apply_lag",
+    "pg_cursor_type",
+]
+
+TIME_KINDS = ("datetime", "datetime_tz", "date")
+
+# How long a transaction may take between reading its start time and publishing it (PostgreSQL
+# ``pg_stat_activity``, InnoDB ``innodb_trx``). Microseconds normally; the margin covers a
+# descheduled backend. Rows newer than this wait for the next batch.
+DEFAULT_SETTLE = dt.timedelta(seconds=1)
+
+PG_SNAPSHOT_SQL = sa.text("SELECT pg_snapshot_xmin(pg_current_snapshot())")
+
+# The clock is read first: a transaction that is not yet listed when pg_stat_activity is read
+# started (up to the settle margin) after it. Autovacuum never writes user rows and sessions of
+# other databases cannot write this table; everything else, idle-in-transaction sessions
+# included, counts. This session's own transaction is left out.
+PG_XACT_START_SQL = sa.text(
+    "SELECT clock_timestamp() AS server_now, "
+    "(SELECT min(a.xact_start) FROM pg_stat_activity AS a "
+    "WHERE a.xact_start IS NOT NULL AND a.pid <> pg_backend_pid() "
+    "AND a.datname = current_database() "
+    "AND a.backend_type NOT IN ('autovacuum worker', 'autovacuum launcher')) AS oldest, "
+    "pg_has_role('pg_read_all_stats', 'USAGE') AS sees_all, "
+    "pg_is_in_recovery() AS standby"
+)
+
+PG_COLUMN_TYPE_SQL = sa.text(
+    "SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute AS a "
+    "WHERE a.attrelid = CAST(:relation AS regclass) AND a.attname = :column "
+    "AND NOT a.attisdropped"
+)
+
+# NOW(6) is this statement's start, i.e. read before innodb_trx. trx_started has whole seconds
+# (rounded down, which only makes the bound safer) and is written by InnoDB in the server's
+# system zone on MariaDB, in the session zone elsewhere: both readings are returned.
+MYSQL_TRX_SQL = sa.text(
+    "SELECT UTC_TIMESTAMP(6) AS utc_now, NOW(6) AS session_now, "
+    "CONVERT_TZ(UTC_TIMESTAMP(6), '+00:00', 'SYSTEM') AS system_now, "
+    "(SELECT MIN(t.trx_started) FROM information_schema.innodb_trx AS t "
+    "WHERE t.trx_mysql_thread_id <> CONNECTION_ID()) AS oldest"
+)
+
+MSSQL_ROWVERSION_SQL = sa.text("SELECT MIN_ACTIVE_ROWVERSION()")
+
+
+class HorizonUnavailable(SourceError):
+    """The safe horizon cannot be computed (missing privilege, standby server, wrong cursor).
+
+    ``reason`` says why and how to fix it; ``auto`` falls back to ``lag`` on it.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def apply_lag(bound: KeyValue | None, source: SqlSource, now: dt.datetime) -> KeyValue | None:
+    """``min(bound, now - lag)`` for a time cursor with a lag; ``bound`` otherwise."""
+    if source.lag <= dt.timedelta(0):
+        return bound
+    lagged = time_bound(now - source.lag, source.cursor_columns[0], source.cursor_timezone)
+    if lagged is None or bound is None:
+        return bound if lagged is None else lagged
+    return min(bound, lagged)  # same column, same Python type
+
+
+def pg_cursor_type(source: SqlSource) -> str:
+    """The PostgreSQL type of the leading cursor column as ``format_type`` spells it."""
+    column = source.cursor_columns[0]
+    engine = source.engine
+    relation = engine.dialect.identifier_preparer.format_table(column.table)
+    with engine.connect() as conn:
+        found = conn.execute(PG_COLUMN_TYPE_SQL, {"relation": relation, "column": column.name})
+        return str(found.scalar_one())
+
+
+def _usable(strategy: PgXactStartHorizon | MysqlTrxHorizon, source: SqlSource) -> None:
+    try:
+        strategy.safe_bound(source)
+    except HorizonUnavailable as exc:
+        raise ConfigurationError(
+            f"Horizon `{strategy.name}` cannot work for `{source.description.table}`: "
+            f'{exc.reason}. Or use `horizon="auto"`, which falls back to `lag`.'
+        ) from exc
+
+
+def _dialect(source: SqlSource) -> str:
+    return source.engine.dialect.name
+
+
+def _require(source: SqlSource, dialects: tuple[str, ...], method: str) -> None:
+    if _dialect(source) not in dialects:
+        raise ConfigurationError(
+            f"Horizon `{method}` works on {' or '.join(dialects)} only, but `"
+            f'{source.description.table}` is on {_dialect(source)}. Use `horizon="auto"` or '
+            "`LagHorizon()`."
+        )
+
+
+def _time_cursor(source: SqlSource, method: str) -> None:
+    column = source.cursor_columns[0]
+    if column_kind(column) not in TIME_KINDS:
+        raise ConfigurationError(
+            f"Horizon `{method}` needs a date or date-time cursor, but cursor `{column.name}` of "
+            f'`{source.description.table}` has type `{column.type}`. Use `horizon="auto"`.'
+        )
+
+
+def _no_lag(source: SqlSource, method: str) -> None:
+    if source.lag > dt.timedelta(0):
+        column = source.cursor_columns[0]
+        raise ConfigurationError(
+            f"`lag={source.lag.total_seconds():g}` needs a date-time cursor, but horizon "
+            f"`{method}` orders cursor `{column.name}` of `{source.description.table}` by "
+            "transaction, not time. Remove `lag=`: this horizon is exact."
+        )
+
+
+class PgSnapshotHorizon:
+    """PostgreSQL ``xid8`` cursor: bound = ``pg_snapshot_xmin(pg_current_snapshot())``.
+
+    Every transaction id below the snapshot's ``xmin`` has finished, so a cursor stamped with
+    ``pg_current_xact_id()`` below it can no longer appear. No privilege needed.
+    """
+
+    name = "pg_snapshot_xmin"
+
+    def prepare(self, source: SqlSource) -> None:
+        """Require PostgreSQL, an ``xid8`` leading cursor and no ``lag``."""
+        _require(source, ("postgresql",), self.name)
+        found = pg_cursor_type(source)
+        if found != "xid8":
+            column = source.cursor_columns[0]
+            raise ConfigurationError(
+                f"Horizon `{self.name}` needs an `xid8` cursor (stamped with "
+                f"`pg_current_xact_id()`), but cursor `{column.name}` of "
+                f'`{source.description.table}` has type `{found}`. Use `horizon="auto"`.'
+            )
+        _no_lag(source, self.name)
+
+    def bound(self, source: SqlSource, now: dt.datetime) -> KeyValue | None:
+        """The snapshot ``xmin``, as the driver returns ``xid8`` values (psycopg: text)."""
+        with source.engine.connect() as conn:
+            value: Any = conn.execute(PG_SNAPSHOT_SQL).scalar_one()
+        return value  # type: ignore[no-any-return]
+
+    def __repr__(self) -> str:
+        return "PgSnapshotHorizon()"
+
+
+class PgXactStartHorizon:
+    """PostgreSQL date-time cursor: bound = oldest ``xact_start`` of every open transaction.
+
+    ``now()`` in PostgreSQL is the start of the transaction, and a transaction that has not
+    written yet (idle in transaction included) may still stamp it, so every open transaction
+    counts, not only those holding an xid. With none open the bound is the server's clock less
+    ``settle``. The role must see every session's ``xact_start``: superuser or a member of
+    ``pg_read_all_stats`` (otherwise other roles' sessions show NULL and would be missed). Not
+    usable on a standby, which does not list the primary's transactions.
+    """
+
+    name = "pg_xact_start"
+
+    def __init__(self, settle: dt.timedelta = DEFAULT_SETTLE) -> None:
+        self.settle = settle
+
+    def prepare(self, source: SqlSource) -> None:
+        """Require PostgreSQL, a time cursor, and that the role sees every transaction."""
+        _require(source, ("postgresql",), self.name)
+        _time_cursor(source, self.name)
+        _usable(self, source)
+
+    def bound(self, source: SqlSource, now: dt.datetime) -> KeyValue | None:
+        """``min(oldest xact_start, server clock - settle, now - lag)`` in the column's form."""
+        return apply_lag(self.safe_bound(source), source, now)
+
+    def safe_bound(self, source: SqlSource) -> KeyValue | None:
+        """The bound without ``lag``; raises :class:`HorizonUnavailable`."""
+        with source.engine.connect() as conn:
+            row = conn.execute(PG_XACT_START_SQL).one()
+        if not row.sees_all:
+            user = source.engine.url.username or "the role"
+            raise HorizonUnavailable(
+                f"role `{user}` cannot see other sessions' transactions in pg_stat_activity; "
+                f"fix: `GRANT pg_read_all_stats TO {user}`"
+            )
+        if row.standby:
+            raise HorizonUnavailable(
+                "the server is a standby, which does not list the primary's open transactions; "
+                "fix: point the source at the primary"
+            )
+        oldest: dt.datetime = row.server_now - self.settle
+        if row.oldest is not None:
+            oldest = min(oldest, row.oldest)
+        return time_bound(oldest, source.cursor_columns[0], source.cursor_timezone)
+
+    def __repr__(self) -> str:
+        return f"PgXactStartHorizon(settle={self.settle!r})"
+
+
+class MysqlTrxHorizon:
+    """MySQL/MariaDB date-time cursor: bound = oldest ``trx_started`` in ``innodb_trx``.
+
+    ``NOW()`` is the start of the statement, and InnoDB lists the transaction from its first
+    InnoDB statement, so a value stamped by ``INSERT``/``UPDATE ... NOW(6)`` is at or after the
+    ``trx_started`` of its transaction (which has whole seconds, rounded down); ``settle`` covers
+    the moment between the statement's clock read and the transaction's start. Needs the
+    ``PROCESS`` privilege. With none open the bound is the server's clock less ``settle``.
+    """
+
+    name = "mysql_innodb_trx"
+
+    def __init__(self, settle: dt.timedelta = DEFAULT_SETTLE) -> None:
+        self.settle = settle
+
+    def prepare(self, source: SqlSource) -> None:
+        """Require MySQL/MariaDB, a time cursor and the ``PROCESS`` privilege."""
+        _require(source, ("mysql", "mariadb"), self.name)
+        _time_cursor(source, self.name)
+        _usable(self, source)
+
+    def bound(self, source: SqlSource, now: dt.datetime) -> KeyValue | None:
+        """``min(oldest trx_started - settle, server clock - settle, now - lag)``."""
+        return apply_lag(self.safe_bound(source), source, now)
+
+    def safe_bound(self, source: SqlSource) -> KeyValue | None:
+        """The bound without ``lag``; raises :class:`HorizonUnavailable`."""
+        try:
+            with source.engine.connect() as conn:
+                row = conn.execute(MYSQL_TRX_SQL).one()
+        except sa.exc.DBAPIError as exc:
+            message = str(exc.orig).lower()
+            if "access denied" in message or "process privilege" in message:
+                user = source.engine.url.username or "the user"
+                raise HorizonUnavailable(
+                    f"user `{user}` may not read information_schema.innodb_trx; fix: "
+                    f"`GRANT PROCESS ON *.* TO {user}`"
+                ) from exc
+            raise
+        utc_now: dt.datetime = row.utc_now
+        oldest = utc_now
+        if row.oldest is not None:
+            # Read trx_started in both zones it may be written in; a reading in the future is
+            # the wrong one, and of two plausible readings the earlier is the safe one.
+            readings = [
+                row.oldest - (zone_now - utc_now)
+                for zone_now in (row.session_now, row.system_now)
+                if zone_now is not None
+            ]
+            plausible = [r for r in readings if r <= utc_now + self.settle] or readings
+            oldest = min(oldest, *plausible)
+        return time_bound(
+            (oldest - self.settle).replace(tzinfo=dt.UTC),
+            source.cursor_columns[0],
+            source.cursor_timezone,
+        )
+
+    def __repr__(self) -> str:
+        return f"MysqlTrxHorizon(settle={self.settle!r})"
+
+
+class MssqlRowversionHorizon:
+    """SQL Server ``rowversion`` cursor: bound = ``MIN_ACTIVE_ROWVERSION()``.
+
+    The lowest rowversion of any open transaction (or the next one to be issued): every row
+    below it is committed. No privilege needed.
+    """
+
+    name = "mssql_min_active_rowversion"
+
+    def prepare(self, source: SqlSource) -> None:
+        """Require SQL Server, a ``rowversion`` leading cursor and no ``lag``."""
+        _require(source, ("mssql",), self.name)
+        column = source.cursor_columns[0]
+        if not isinstance(column.type, mssql.TIMESTAMP):
+            raise ConfigurationError(
+                f"Horizon `{self.name}` needs a `rowversion` cursor, but cursor `{column.name}` "
+                f"of `{source.description.table}` has type `{column.type}`. Use "
+                '`horizon="auto"`.'
+            )
+        _no_lag(source, self.name)
+
+    def bound(self, source: SqlSource, now: dt.datetime) -> KeyValue | None:
+        """``MIN_ACTIVE_ROWVERSION()`` as 8 bytes."""
+        with source.engine.connect() as conn:
+            value = conn.execute(MSSQL_ROWVERSION_SQL).scalar_one()
+        return bytes(value)
+
+    def __repr__(self) -> str:
+        return "MssqlRowversionHorizon()"
