@@ -1,5 +1,11 @@
 """Sources: the adapters of the :class:`~azure_functions_db.ports.Source` port."""
 
+from azure_functions_db.sources._dialect_horizons import (
+    MssqlRowversionHorizon,
+    MysqlTrxHorizon,
+    PgSnapshotHorizon,
+    PgXactStartHorizon,
+)
 from azure_functions_db.sources.sqlalchemy import (
     AutoHorizon,
     HorizonStrategy,
@@ -8,4 +14,14 @@ from azure_functions_db.sources.sqlalchemy import (
     SqlSource,
 )
 
-__all__ = ["AutoHorizon", "HorizonStrategy", "LagHorizon", "NoHorizon", "SqlSource"]
+__all__ = [
+    "AutoHorizon",
+    "HorizonStrategy",
+    "LagHorizon",
+    "MssqlRowversionHorizon",
+    "MysqlTrxHorizon",
+    "NoHorizon",
+    "PgSnapshotHorizon",
+    "PgXactStartHorizon",
+    "SqlSource",
+]
