@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import mysql, postgresql
 
 from azure_functions_db.core.checkpoint import (
@@ -330,9 +329,10 @@ def test_uuid_order_is_the_servers_and_matches_the_position_order(pg, opened):
     assert all(a.position < b.position for a, b in itertools.pairwise(read))
 
 
-def test_xid8_cursor_is_not_reflected_by_sqlalchemy(pg, opened):
-    # SQLAlchemy's PostgreSQL dialect has no xid8 type: reflection warns and gives NullType, so
-    # the driver's text ('123') is what a position holds. Recorded here so a change is noticed.
+def test_xid8_cursor_reads_as_int_orders_numerically_and_resumes(pg, opened):
+    # SQLAlchemy's PostgreSQL dialect has no xid8 type; the source registers one on its own
+    # engine. As text, positions would compare as strings ("10" < "9") and the engine's
+    # only-forward rule would refuse a legitimate commit.
     with pg.engine.begin() as conn:
         conn.exec_driver_sql(
             f"CREATE TABLE {pg.qualified('tx')} (id int PRIMARY KEY, cur xid8 NOT NULL)"
@@ -341,15 +341,16 @@ def test_xid8_cursor_is_not_reflected_by_sqlalchemy(pg, opened):
             f"INSERT INTO {pg.qualified('tx')} VALUES (1, '9'), (2, '10'), (3, '9007199254740993')"
         )
     source = SqlSource(pg.url, "tx", "cur", schema=pg.schema)
-    with pytest.warns(sa_exc.SAWarning, match="Did not recognize type 'xid8'"):
-        source.open({})
+    source.open({})  # no SAWarning (warnings are errors in this suite)
     opened.append(source)
-    assert isinstance(source.cursor_columns[0].type, sa.types.NullType)
     read = drain(source, 1)
-    # The server orders numerically (9 < 10 < 2**53 + 1); the values are text.
-    assert [r.position.cursor for r in read] == [("9",), ("10",), ("9007199254740993",)]
+    assert [r.position.cursor for r in read] == [(9,), (10,), (9007199254740993,)]
+    assert all(a.position < b.position for a, b in itertools.pairwise(read))
     after = through_checkpoint(source, read[0].position)
     assert [r.position.pk for r in source.fetch(after, 10, NO_HORIZON)] == [(2,), (3,)]
+    assert source.parse_cursor("10") == (10,)
+    at = Position(cursor=source.parse_cursor("10"), pk=())
+    assert [r.position.pk for r in source.fetch(at, 10, NO_HORIZON)] == [(2,), (3,)]
 
 
 # --------------------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from azure_functions_db.errors import (
 from azure_functions_db.ports import Horizon, SourceHealth, SourceRow
 from azure_functions_db.sources import _config as config
 from azure_functions_db.sources import _health as health
+from azure_functions_db.sources import _pgtypes as pgtypes
 from azure_functions_db.sources._horizon import (
     AutoHorizon,
     HorizonStrategy,
@@ -356,7 +357,7 @@ class SqlSource:
         # younger than typical server-side idle timeouts.
         options = {"pool_pre_ping": False, "pool_recycle": 1800, **self._engine_options}
         try:
-            return sa.create_engine(url, **options)
+            engine = sa.create_engine(url, **options)
         except ImportError as exc:  # also SQLAlchemy's NoSuchModuleError
             raise ConfigurationError(
                 f"Cannot load the database driver for `{self._masked_url}` ({exc}). Install it, "
@@ -367,6 +368,8 @@ class SqlSource:
                 f"Cannot create an engine for `{self._masked_url}` with `engine_options="
                 f"{sorted(self._engine_options)}`: {self._scrub(str(exc))}"
             ) from exc
+        pgtypes.register(engine)
+        return engine
 
     def _reflect(self, conn: sa.Connection) -> sa.Table:
         try:
