@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from azure_functions_db.sources import SqlSource
+
     from .azurite import Azurite
 
 _skipped: list[str] = []
@@ -184,3 +186,12 @@ def mysql_db(mysql_url: str) -> Iterator[str]:
 
     with dbservers.mysql_database(mysql_url) as name:
         yield name
+
+
+@pytest.fixture
+def opened() -> Iterator[list[SqlSource]]:
+    """Sources appended here are closed after the test."""
+    sources: list[SqlSource] = []
+    yield sources
+    for source in sources:
+        source.close()

@@ -72,14 +72,6 @@ def table_name() -> str:
     return f"hz_{uuid.uuid4().hex[:10]}"
 
 
-@pytest.fixture
-def opened() -> Iterator[list[SqlSource]]:
-    sources: list[SqlSource] = []
-    yield sources
-    for source in sources:
-        source.close()
-
-
 def open_source(opened: list[SqlSource], url: str, table: str, cursor: str, **kwargs: Any) -> Any:
     source = SqlSource(url, table, cursor, **kwargs)
     with warnings.catch_warnings():

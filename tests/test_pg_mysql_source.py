@@ -30,12 +30,12 @@ from azure_functions_db.core.checkpoint import (
 )
 from azure_functions_db.core.position import Position
 from azure_functions_db.errors import TransientSourceError
-from azure_functions_db.ports import Horizon, SourceRow
+from azure_functions_db.ports import Horizon
 from azure_functions_db.sources import SqlSource
 
 from . import dbservers
+from .source_kit import NO_HORIZON, drain
 
-NO_HORIZON = Horizon(bound=None, method="none")
 T0 = dt.datetime(2026, 1, 1, 12, 0, 0, 123456)
 KEY = PollerKey("test", "poller")
 
@@ -115,15 +115,6 @@ def maria(mysql_db: str) -> Iterator[Db]:
         engine.dispose()
 
 
-@pytest.fixture
-def opened() -> Iterator[list[SqlSource]]:
-    """Sources appended here are closed after the test."""
-    sources: list[SqlSource] = []
-    yield sources
-    for source in sources:
-        source.close()
-
-
 def open_source(
     opened: list[SqlSource], db: Db, table: str, *args: Any, **kwargs: Any
 ) -> SqlSource:
@@ -131,20 +122,6 @@ def open_source(
     source.open({})
     opened.append(source)
     return source
-
-
-def drain(
-    source: SqlSource, batch: int, horizon: Horizon = NO_HORIZON, after: Position | None = None
-) -> list[SourceRow]:
-    """Read everything the way the engine does: each batch starts after the last position."""
-    out: list[SourceRow] = []
-    while True:
-        rows = source.fetch(after, batch, horizon)
-        assert len(rows) <= batch
-        if not rows:
-            return out
-        out.extend(rows)
-        after = rows[-1].position
 
 
 def through_checkpoint(source: SqlSource, position: Position) -> Position:

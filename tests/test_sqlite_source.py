@@ -13,7 +13,7 @@ import logging
 import sqlite3
 import tempfile
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -34,12 +34,13 @@ from azure_functions_db.errors import (
     SourceError,
     TransientSourceError,
 )
-from azure_functions_db.ports import Horizon, Source, SourceRow
+from azure_functions_db.ports import Horizon, Source
 from azure_functions_db.sources import HorizonStrategy, LagHorizon, NoHorizon, SqlSource
 from azure_functions_db.sources._keyset import KeysetQuery, after_predicate
 from azure_functions_db.sources._values import parse_value
 
-NO_HORIZON = Horizon(bound=None, method="none")
+from .source_kit import NO_HORIZON, drain
+
 T0 = dt.datetime(2026, 1, 1, 12, 0, 0)
 
 
@@ -79,29 +80,6 @@ def orders(path: Path, rows: Sequence[dict[str, Any]], *, index: bool = True) ->
         sa.Column("status", sa.String(40)),
     ]
     return make_table(path, columns, rows, index=["updated_at", "id"] if index else None)
-
-
-def drain(
-    source: SqlSource, batch: int, horizon: Horizon = NO_HORIZON, after: Position | None = None
-) -> list[SourceRow]:
-    """Read everything the way the engine does: each batch starts after the last position."""
-    out: list[SourceRow] = []
-    while True:
-        rows = source.fetch(after, batch, horizon)
-        assert len(rows) <= batch
-        if not rows:
-            return out
-        out.extend(rows)
-        after = rows[-1].position
-
-
-@pytest.fixture
-def opened() -> Iterator[list[SqlSource]]:
-    """Sources appended here are closed after the test."""
-    sources: list[SqlSource] = []
-    yield sources
-    for source in sources:
-        source.close()
 
 
 def open_source(opened: list[SqlSource], *args: Any, **kwargs: Any) -> SqlSource:
