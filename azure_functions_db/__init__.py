@@ -47,6 +47,7 @@ from azure_functions_db.errors import (
     TransientStoreError,
 )
 from azure_functions_db.functions.blueprint import PollerBlueprint
+from azure_functions_db.sources.outbox import OutboxSource
 from azure_functions_db.sources.sqlalchemy import SqlSource
 from azure_functions_db.state.local import LocalStateStore
 from azure_functions_db.state.memory import MemoryStateStore
@@ -83,6 +84,7 @@ __all__ = [
     "LocalStateStore",
     "MemoryStateStore",
     "NullCursorError",
+    "OutboxSource",
     "PoisonBatchError",
     "PollerBlueprint",
     "PollerConfig",

@@ -238,3 +238,19 @@ class Source(Protocol):
     def close(self) -> None:
         """Release connections. The source may be opened again."""
         ...
+
+
+@runtime_checkable
+class AcknowledgingSource(Protocol):
+    """A source that acts on rows once their batch is acknowledged (e.g. an outbox that deletes
+    delivered rows).
+
+    The engine calls :meth:`acknowledge` after the checkpoint commit of a batch succeeded, with
+    exactly the rows of that batch and the committed position. It must touch only those rows:
+    a row it never delivered may still be waiting below the position (a late commit). A failure
+    is logged and the run goes on; the rows stay where they are.
+    """
+
+    def acknowledge(self, rows: Sequence[SourceRow], position: Position) -> None:
+        """Act on the rows of an acknowledged batch."""
+        ...

@@ -16,6 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+import sqlalchemy as sa
+
+from . import dbservers
+from .source_kit import Db
 
 if TYPE_CHECKING:
     from azure_functions_db.sources import SqlSource
@@ -149,8 +153,6 @@ def azurite_table_name(azurite: Azurite) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def pg_url() -> str:
     """The URL of PostgreSQL's ``test`` database; skips (failing CI) if the server is down."""
-    from . import dbservers
-
     url = dbservers.pg_url()
     reason = dbservers.unavailable_reason(url, "PostgreSQL")
     if reason is not None:
@@ -161,8 +163,6 @@ def pg_url() -> str:
 @pytest.fixture(scope="session")
 def mysql_url() -> str:
     """The URL of MariaDB's ``test`` database; skips (failing CI) if the server is down."""
-    from . import dbservers
-
     url = dbservers.mysql_url()
     reason = dbservers.unavailable_reason(url, "MariaDB")
     if reason is not None:
@@ -173,8 +173,6 @@ def mysql_url() -> str:
 @pytest.fixture
 def pg_schema(pg_url: str) -> Iterator[str]:
     """A fresh schema ``t_<hex>`` in PostgreSQL's ``test`` database, dropped CASCADE after."""
-    from . import dbservers
-
     with dbservers.pg_schema(pg_url) as name:
         yield name
 
@@ -182,8 +180,6 @@ def pg_schema(pg_url: str) -> Iterator[str]:
 @pytest.fixture
 def mysql_db(mysql_url: str) -> Iterator[str]:
     """A fresh MariaDB database ``t_<hex>``, dropped after (URL: ``dbservers.mysql_url(name)``)."""
-    from . import dbservers
-
     with dbservers.mysql_database(mysql_url) as name:
         yield name
 
@@ -195,3 +191,45 @@ def opened() -> Iterator[list[SqlSource]]:
     yield sources
     for source in sources:
         source.close()
+
+
+# PostgreSQL and MariaDB scratch namespaces wrapped as `Db` (tests/source_kit.py)
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("mysql", marks=pytest.mark.mysql),
+    ]
+)
+def db(request: pytest.FixtureRequest) -> Iterator[Db]:
+    if request.param == "postgres":
+        schema = request.getfixturevalue("pg_schema")
+        url, namespace = dbservers.pg_url(), schema
+    else:
+        database = request.getfixturevalue("mysql_db")
+        url, namespace = dbservers.mysql_url(database), None
+    engine = sa.create_engine(url, poolclass=sa.NullPool)
+    try:
+        yield Db(request.param, url, namespace, engine)
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def pg(pg_schema: str) -> Iterator[Db]:
+    engine = sa.create_engine(dbservers.pg_url(), poolclass=sa.NullPool)
+    try:
+        yield Db("postgres", dbservers.pg_url(), pg_schema, engine)
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def maria(mysql_db: str) -> Iterator[Db]:
+    url = dbservers.mysql_url(mysql_db)
+    engine = sa.create_engine(url, poolclass=sa.NullPool)
+    try:
+        yield Db("mysql", url, None, engine)
+    finally:
+        engine.dispose()

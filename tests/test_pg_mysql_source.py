@@ -13,8 +13,7 @@ import datetime as dt
 import itertools
 import json
 import uuid
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
@@ -34,7 +33,7 @@ from azure_functions_db.ports import Horizon
 from azure_functions_db.sources import SqlSource
 
 from . import dbservers
-from .source_kit import NO_HORIZON, drain
+from .source_kit import NO_HORIZON, Db, drain, open_source
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, 0, 123456)
 KEY = PollerKey("test", "poller")
@@ -43,85 +42,6 @@ KEY = PollerKey("test", "poller")
 # --------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Db:
-    """One scratch namespace on one server: where tables go and how the source reaches them."""
-
-    dialect: str  # "postgres" or "mysql"
-    url: str
-    schema: str | None  # PostgreSQL: the scratch schema; MariaDB: None (the URL names the db)
-    engine: sa.Engine  # for setting tables up and inspecting plans
-
-    def table(
-        self,
-        name: str,
-        columns: Sequence[sa.Column[Any]],
-        rows: Sequence[dict[str, Any]] = (),
-        *,
-        index: Sequence[str] | None = None,
-    ) -> sa.Table:
-        metadata = sa.MetaData(schema=self.schema)
-        table = sa.Table(name, metadata, *columns)
-        if index:
-            sa.Index(f"ix_{name}_keyset", *(table.c[c] for c in index))
-        metadata.create_all(self.engine)
-        if rows:
-            with self.engine.begin() as conn:
-                conn.execute(table.insert(), list(rows))
-        return table
-
-    def qualified(self, name: str) -> str:
-        return f'"{self.schema}"."{name}"' if self.schema else f"`{name}`"
-
-
-@pytest.fixture(
-    params=[
-        pytest.param("postgres", marks=pytest.mark.postgres),
-        pytest.param("mysql", marks=pytest.mark.mysql),
-    ]
-)
-def db(request: pytest.FixtureRequest) -> Iterator[Db]:
-    if request.param == "postgres":
-        schema = request.getfixturevalue("pg_schema")
-        url, namespace = dbservers.pg_url(), schema
-    else:
-        database = request.getfixturevalue("mysql_db")
-        url, namespace = dbservers.mysql_url(database), None
-    engine = sa.create_engine(url, poolclass=sa.NullPool)
-    try:
-        yield Db(request.param, url, namespace, engine)
-    finally:
-        engine.dispose()
-
-
-@pytest.fixture
-def pg(pg_schema: str) -> Iterator[Db]:
-    engine = sa.create_engine(dbservers.pg_url(), poolclass=sa.NullPool)
-    try:
-        yield Db("postgres", dbservers.pg_url(), pg_schema, engine)
-    finally:
-        engine.dispose()
-
-
-@pytest.fixture
-def maria(mysql_db: str) -> Iterator[Db]:
-    url = dbservers.mysql_url(mysql_db)
-    engine = sa.create_engine(url, poolclass=sa.NullPool)
-    try:
-        yield Db("mysql", url, None, engine)
-    finally:
-        engine.dispose()
-
-
-def open_source(
-    opened: list[SqlSource], db: Db, table: str, *args: Any, **kwargs: Any
-) -> SqlSource:
-    source = SqlSource(db.url, table, *args, schema=db.schema, **kwargs)
-    source.open({})
-    opened.append(source)
-    return source
 
 
 def through_checkpoint(source: SqlSource, position: Position) -> Position:
@@ -587,9 +507,22 @@ def test_keyset_statement_is_an_index_range_on_postgres(pg, opened, bounded):
     shown = json.dumps(nodes, default=str)[:3000]
     scans = [n for n in nodes if n["Node Type"] in ("Index Scan", "Index Only Scan")]
     assert [n["Index Name"] for n in scans] == ["ix_big_keyset"], shown
-    assert "updated_at >=" in scans[0]["Index Cond"], shown  # a range start, not a full scan
+    # The whole key is the index condition (a range start at the exact position, not a full
+    # scan), so a batch that starts inside a run of tied cursor values does not re-read them.
+    assert "ROW(updated_at, id) > ROW(" in scans[0]["Index Cond"], shown
+    assert "Filter" not in scans[0] or "id >" not in scans[0]["Filter"], shown
     assert not [n for n in nodes if n["Node Type"] in ("Seq Scan", "Sort")], shown
     assert scans[0]["Plan Rows"] < ROWS, shown
+    # Contrast: the nested form (what MariaDB and SQL Server get) bounds only `updated_at` in
+    # the index and filters `id` row by row, so the assertion above tells the forms apart.
+    nested = (
+        f"SELECT id, updated_at, status FROM {pg.qualified('big')} WHERE updated_at >= %(c)s "
+        "AND (updated_at > %(c)s OR id > %(i)s) ORDER BY updated_at, id LIMIT 100"
+    )
+    contrast = pg_plan(pg, nested, {"c": MID.cursor[0], "i": MID.pk[0]})
+    (scan,) = [n for n in contrast if n["Node Type"] == "Index Scan"]
+    assert "ROW(" not in scan["Index Cond"], contrast
+    assert "id >" in scan["Filter"], contrast
 
 
 @pytest.mark.parametrize("bounded", [False, True], ids=["no-horizon", "horizon"])

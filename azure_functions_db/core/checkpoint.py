@@ -44,20 +44,28 @@ class PollerKey:
 
 @dataclass(frozen=True)
 class SourceDescription:
-    """What the checkpoint's position refers to: table, cursor and key columns, filter."""
+    """What the checkpoint's position refers to: table, cursor and key columns, filter.
+
+    ``columns`` lists the columns read into each row (``None``: not recorded). A change of
+    ``where`` or ``columns`` lets the poller continue; a change of table, cursor or pk does not.
+    """
 
     table: str
     cursor: tuple[str, ...]
     pk: tuple[str, ...]
     where: str | None = None
+    columns: tuple[str, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "table": self.table,
             "cursor": list(self.cursor),
             "pk": list(self.pk),
             "where": self.where,
         }
+        if self.columns is not None:
+            doc["columns"] = list(self.columns)
+        return doc
 
     @classmethod
     def from_json(cls, data: Any) -> SourceDescription:
@@ -68,6 +76,7 @@ class SourceDescription:
             cursor=tuple(_str_list(data, "cursor")),
             pk=tuple(_str_list(data, "pk")),
             where=data.get("where"),
+            columns=tuple(_str_list(data, "columns")) if data.get("columns") is not None else None,
         )
 
 

@@ -40,7 +40,13 @@ from azure_functions_db.errors import (
     TransientSourceError,
     TransientStoreError,
 )
-from azure_functions_db.ports import Source, SourceRow, StateStore, StoredCheckpoint
+from azure_functions_db.ports import (
+    AcknowledgingSource,
+    Source,
+    SourceRow,
+    StateStore,
+    StoredCheckpoint,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -242,6 +248,7 @@ class Engine:
             keeper.ensure_held()
             self._call_handler(batch, cp, etag, keeper)
             cp, etag = self._commit(cp, etag, batch, keeper)
+            self._acknowledge(rows, batch)
             report.batches += 1
             report.rows += len(batch)
             report.position = cp.position
@@ -289,7 +296,8 @@ class Engine:
         return StoredCheckpoint(claimed, etag)
 
     def _check_source(self, old: SourceDescription | None, new: SourceDescription) -> None:
-        """Case L: a changed cursor, key or table cannot continue; a changed filter can."""
+        """Case L: a changed cursor, key or table cannot continue; a changed filter or column
+        list can, with a warning (the fencing write then records the new definition)."""
         if old is None or old == new:
             return
         cfg = self.config
@@ -302,14 +310,24 @@ class Engine:
                 f"restore the old definition, move the checkpoint with `afdb seek APP --poller "
                 f"{cfg.name} --beginning` (or `--now`), or give the poller a new name."
             )
-        self._log(
-            logging.WARNING,
-            "source_filter_changed",
-            old_where=old.where,
-            new_where=new.where,
-            note="continuing from the stored position; rows the old filter excluded below it "
-            "are not revisited",
-        )
+        if old.where != new.where:
+            self._log(
+                logging.WARNING,
+                "source_filter_changed",
+                old_where=old.where,
+                new_where=new.where,
+                note="continuing from the stored position; rows the old filter excluded below "
+                "it are not revisited",
+            )
+        if old.columns is not None and new.columns is not None and old.columns != new.columns:
+            self._log(
+                logging.WARNING,
+                "source_columns_changed",
+                added=",".join(c for c in new.columns if c not in old.columns) or "-",
+                removed=",".join(c for c in old.columns if c not in new.columns) or "-",
+                note="continuing from the stored position; rows below it are not re-read with "
+                "the new columns",
+            )
 
     def _health_check(self, report: RunReport) -> None:
         now = self.clock.monotonic()
@@ -409,6 +427,25 @@ class Engine:
             position=new.position,
         )
         return new, new_etag
+
+    def _acknowledge(self, rows: Sequence[SourceRow], batch: Batch) -> None:
+        """After the commit: let a source act on the acknowledged rows (an outbox deletes them).
+
+        Best effort. The batch is acknowledged already; rows the source fails to act on stay in
+        the table, below the checkpoint, where the source reports them.
+        """
+        if not isinstance(self.source, AcknowledgingSource):
+            return
+        try:
+            self._retrying(self.source.acknowledge, rows, batch.position_after)
+        except Exception as exc:  # noqa: BLE001 - acknowledged already; keep the run going
+            self._log(
+                logging.WARNING,
+                "acknowledge_failed",
+                fence=batch.fence,
+                rows=len(rows),
+                error=f"{type(exc).__name__}: {exc}",
+            )
 
     def _resolve_ambiguous_commit(self, new: Checkpoint, exc: Exception) -> str | None:
         """Case G: after a commit with an unknown outcome, read back what the store holds.

@@ -6,6 +6,7 @@ from azure_functions_db.sources._dialect_horizons import (
     PgSnapshotHorizon,
     PgXactStartHorizon,
 )
+from azure_functions_db.sources.outbox import OutboxSource
 from azure_functions_db.sources.sqlalchemy import (
     AutoHorizon,
     HorizonStrategy,
@@ -21,6 +22,7 @@ __all__ = [
     "MssqlRowversionHorizon",
     "MysqlTrxHorizon",
     "NoHorizon",
+    "OutboxSource",
     "PgSnapshotHorizon",
     "PgXactStartHorizon",
     "SqlSource",

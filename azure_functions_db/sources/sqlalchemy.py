@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import urllib.parse
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal
 
@@ -84,6 +84,10 @@ class SqlSource:
         on_null_cursor: ``"skip"`` counts and reports rows with a NULL cursor in :meth:`check`;
             ``"raise"`` makes :meth:`check` raise ``NullCursorError``.
         engine_options: Extra ``sqlalchemy.create_engine`` arguments.
+        soft_delete: Column that marks a row deleted: the row is delivered with
+            ``Change.op == "delete"`` when the column is true (boolean or number) or, for any
+            other type (e.g. a ``deleted_at`` time), not NULL. The update that sets it must also
+            move the cursor, or the deletion is never seen.
         horizon: Horizon strategy. ``"auto"`` (the default) picks the commit-safe method of the
             dialect and cursor type (PostgreSQL snapshot xmin or oldest open transaction,
             MySQL/MariaDB ``innodb_trx``, SQL Server ``MIN_ACTIVE_ROWVERSION()``) and falls back
@@ -106,6 +110,7 @@ class SqlSource:
         cursor_timezone: str | None = None,
         on_null_cursor: Literal["skip", "raise"] = "skip",
         engine_options: Mapping[str, Any] | None = None,
+        soft_delete: str | None = None,
         horizon: HorizonStrategy | Literal["auto", "lag", "none"] | None = None,
         clock: Clock | None = None,
     ) -> None:
@@ -121,6 +126,9 @@ class SqlSource:
         self._cursor_names = config.check_names(cursor, "cursor")
         self._pk_names = None if pk is None else config.check_names(pk, "pk")
         self._column_names = None if columns is None else config.check_names(columns, "columns")
+        self._soft_delete = (
+            None if soft_delete is None else config.check_name(soft_delete, "soft_delete")
+        )
         self._lag = config.check_lag(lag)
         self._zone = config.check_zone(cursor_timezone)
         if on_null_cursor not in ("skip", "raise"):
@@ -157,21 +165,25 @@ class SqlSource:
         self._secrets: tuple[str, ...] = ()
         self._names: tuple[str, ...] = ()
         self._cursor_of = self._pk_of = picker([])
+        self._deleted: Callable[[Sequence[Any]], bool] | None = None
+        self._description: SourceDescription | None = None
 
     # -- configuration seen by the engine and horizon strategies ----------------------------
 
     @property
     def description(self) -> SourceDescription:
-        """Table (schema-qualified), cursor and pk columns, and the ``where`` fingerprint.
+        """Table (schema-qualified), cursor and pk columns, ``where`` fingerprint, columns read.
 
-        With ``pk=None`` the primary key is known only after :meth:`open`; before, ``pk`` is
-        empty.
+        With ``pk=None`` the primary key, and the columns read, are known only after
+        :meth:`open`; before, ``pk`` is empty and ``columns`` is ``None``.
         """
-        pk = self._pk_names
-        if pk is None:
-            pk = () if self._query is None else tuple(c.name for c in self._query.pk)
+        if self._description is not None:
+            return self._description
         return SourceDescription(
-            table=self._qualified, cursor=self._cursor_names, pk=pk, where=self._where_print
+            table=self._qualified,
+            cursor=self._cursor_names,
+            pk=self._pk_names or (),
+            where=self._where_print,
         )
 
     @property
@@ -224,13 +236,21 @@ class SqlSource:
         try:
             with self._db_errors("reflect"), engine.connect() as conn:
                 table = self._reflect(conn)
-            self._engine, self._query = engine, self._build(table)
+            self._engine, self._query = engine, self._build(table, engine.dialect.name)
             self._names = tuple(column.name for column in self._query.selected)
             self._cursor_of = picker([self._names.index(c.name) for c in self._query.cursor])
             self._pk_of = picker([self._names.index(c.name) for c in self._query.pk])
+            self._deleted = self._deletion_test(self._query)
+            self._description = SourceDescription(
+                table=self._qualified,
+                cursor=self._cursor_names,
+                pk=tuple(c.name for c in self._query.pk),
+                where=self._where_print,
+                columns=self._names,
+            )
             self._horizon.prepare(self)
         except BaseException:
-            self._engine = self._query = None
+            self._engine = self._query = self._description = None
             engine.dispose()
             raise
         logger.info(
@@ -330,6 +350,7 @@ class SqlSource:
     def close(self) -> None:
         """Dispose of the engine and its pool; :meth:`open` may be called again."""
         engine, self._engine, self._query = self._engine, None, None
+        self._description = None
         if engine is not None:
             engine.dispose()
             logger.info("action=source_close table=%s", self._qualified)
@@ -369,6 +390,7 @@ class SqlSource:
                 f"{sorted(self._engine_options)}`: {self._scrub(str(exc))}"
             ) from exc
         pgtypes.register(engine)
+        _utc_sessions(engine)
         return engine
 
     def _reflect(self, conn: sa.Connection) -> sa.Table:
@@ -382,7 +404,7 @@ class SqlSource:
             self._table_name, self._schema, existing, self._masked_url
         ) from None
 
-    def _build(self, table: sa.Table) -> KeysetQuery:
+    def _build(self, table: sa.Table, dialect: str) -> KeysetQuery:
         cursor = [config.table_column(table, name, "cursor") for name in self._cursor_names]
         if self._pk_names is not None:
             pk = [config.table_column(table, name, "pk") for name in self._pk_names]
@@ -399,6 +421,9 @@ class SqlSource:
         else:
             selected = [config.table_column(table, name, "columns") for name in self._column_names]
             selected += [c for c in (*cursor, *pk) if c not in selected]
+        if self._soft_delete is not None:
+            flag = config.table_column(table, self._soft_delete, "soft_delete")
+            selected += [flag] if flag not in selected else []
         where = self._where
         if isinstance(where, TextClause):
             resolved: ColumnElement[bool] | None = text_filter(where)
@@ -413,7 +438,30 @@ class SqlSource:
                 )
         else:
             resolved = None
-        return KeysetQuery(table, selected=selected, cursor=cursor, pk=pk, where=resolved)
+        return KeysetQuery(
+            table,
+            selected=selected,
+            cursor=cursor,
+            pk=pk,
+            where=resolved,
+            # Row values are an index condition on the whole key on PostgreSQL only (see
+            # _keyset): MariaDB scans the index with them and SQL Server has none.
+            row_values=dialect == "postgresql",
+        )
+
+    def _deletion_test(self, query: KeysetQuery) -> Callable[[Sequence[Any]], bool] | None:
+        """``row -> is it soft-deleted?`` for the ``soft_delete`` column, or ``None``."""
+        if self._soft_delete is None:
+            return None
+        index = self._names.index(self._soft_delete)
+        column = query.table.c[self._soft_delete]
+        try:
+            python_type = column.type.python_type
+        except NotImplementedError:
+            python_type = object
+        if python_type is bool or python_type is int:
+            return lambda row: bool(row[index])
+        return lambda row: row[index] is not None
 
     def _check_position(self, after: Position | None, query: KeysetQuery) -> None:
         if after is None:
@@ -427,8 +475,17 @@ class SqlSource:
 
     def _to_rows(self, rows: Sequence[sa.Row[Any]]) -> list[SourceRow]:
         # The hot path: one pass, no per-row method calls beyond the two constructors.
-        names, cursor_of, pk_of = self._names, self._cursor_of, self._pk_of
+        names, cursor_of, pk_of, deleted = self._names, self._cursor_of, self._pk_of, self._deleted
         try:
+            if deleted is not None:
+                return [
+                    SourceRow(
+                        position=Position(cursor=cursor_of(row), pk=pk_of(row)),
+                        data=dict(zip(names, row, strict=True)),
+                        op="delete" if deleted(row) else "upsert",
+                    )
+                    for row in rows
+                ]
             return [
                 SourceRow(
                     position=Position(cursor=cursor_of(row), pk=pk_of(row)),
@@ -483,3 +540,24 @@ class SqlSource:
         for secret in self._secrets:
             text = text.replace(secret, "***")
         return text
+
+
+def _utc_sessions(engine: sa.Engine) -> None:
+    """MySQL/MariaDB: every connection of ``engine`` reads ``TIMESTAMP`` columns in UTC.
+
+    The server converts ``TIMESTAMP`` values (stored in UTC) to the session's zone, which is the
+    server's ``SYSTEM`` zone unless set: in a zone with daylight saving time, the hour repeated in
+    autumn would read as equal wall-clock values for different instants, and positions bound back
+    in that zone are ambiguous. ``DATETIME`` columns are not converted (they hold wall-clock time
+    in ``cursor_timezone``).
+    """
+    if engine.dialect.name not in ("mysql", "mariadb"):
+        return
+
+    @sa.event.listens_for(engine, "connect")
+    def _set_utc(dbapi_connection: Any, connection_record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute("SET time_zone = '+00:00'")
+        finally:
+            cursor.close()
