@@ -537,7 +537,7 @@ def test_horizon_strategies_satisfy_the_protocol(tmp_path, opened):
 # --------------------------------------------------------------------------------------------
 
 
-def keyset_query() -> KeysetQuery:
+def keyset_query(*, row_values: bool = False) -> KeysetQuery:
     table = sa.Table(
         "orders",
         sa.MetaData(),
@@ -551,6 +551,7 @@ def keyset_query() -> KeysetQuery:
         cursor=[table.c.updated_at],
         pk=[table.c.id],
         where=sa.and_(table.c.status == sa.bindparam("s")),
+        row_values=row_values,
     )
 
 
@@ -574,6 +575,17 @@ def test_batch_query_uses_the_nested_form_on_every_dialect(dialect):
         assert "ROW_NUMBER" not in sql
     else:
         assert "LIMIT" in sql
+
+
+def test_postgresql_row_value_form_compares_the_whole_key_at_once():
+    query = keyset_query(row_values=True)
+    after = " ".join(
+        str(query.batch("after", True, 100).compile(dialect=postgresql.dialect())).split()
+    )
+    assert "WHERE (orders.updated_at, orders.id) > (%(afdb_k0)s" in after
+    assert " OR " not in after
+    at = " ".join(str(query.batch("at", False, 100).compile(dialect=postgresql.dialect())).split())
+    assert "orders.updated_at >= %(afdb_k0)s" in at  # one cursor column: a plain comparison
 
 
 def test_nested_predicate_shape_for_three_columns():
