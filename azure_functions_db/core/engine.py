@@ -28,6 +28,11 @@ from azure_functions_db.core.clock import Clock
 from azure_functions_db.core.lease import LeaseKeeper
 from azure_functions_db.core.logs import log_event
 from azure_functions_db.core.position import Position
+from azure_functions_db.core.source_change import (
+    COLUMNS_CHANGED_NOTE,
+    FILTER_CHANGED_NOTE,
+    source_change,
+)
 from azure_functions_db.errors import (
     CheckpointConflictError,
     ConfigurationError,
@@ -298,35 +303,27 @@ class Engine:
     def _check_source(self, old: SourceDescription | None, new: SourceDescription) -> None:
         """Case L: a changed cursor, key or table cannot continue; a changed filter or column
         list can, with a warning (the fencing write then records the new definition)."""
-        if old is None or old == new:
+        change = source_change(old, new)
+        if change is None:
             return
         cfg = self.config
-        if (old.table, old.cursor, old.pk) != (new.table, new.cursor, new.pk):
-            raise SourceDefinitionError(
-                f"Poller `{cfg.name}` (namespace `{cfg.namespace}`) has a checkpoint for table "
-                f"`{old.table}` cursor {list(old.cursor)} pk {list(old.pk)}, but is now "
-                f"configured with table `{new.table}` cursor {list(new.cursor)} pk "
-                f"{list(new.pk)}; the stored position means nothing for the new columns. Either "
-                f"restore the old definition, move the checkpoint with `afdb seek APP --poller "
-                f"{cfg.name} --beginning` (or `--now`), or give the poller a new name."
-            )
-        if old.where != new.where:
+        if change.key_changed:
+            raise SourceDefinitionError(change.key_changed_message(cfg.name, cfg.namespace))
+        if change.where_changed:
             self._log(
                 logging.WARNING,
                 "source_filter_changed",
-                old_where=old.where,
-                new_where=new.where,
-                note="continuing from the stored position; rows the old filter excluded below "
-                "it are not revisited",
+                old_where=change.old.where,
+                new_where=change.new.where,
+                note=FILTER_CHANGED_NOTE,
             )
-        if old.columns is not None and new.columns is not None and old.columns != new.columns:
+        if change.columns_changed:
             self._log(
                 logging.WARNING,
                 "source_columns_changed",
-                added=",".join(c for c in new.columns if c not in old.columns) or "-",
-                removed=",".join(c for c in old.columns if c not in new.columns) or "-",
-                note="continuing from the stored position; rows below it are not re-read with "
-                "the new columns",
+                added=",".join(change.columns_added) or "-",
+                removed=",".join(change.columns_removed) or "-",
+                note=COLUMNS_CHANGED_NOTE,
             )
 
     def _health_check(self, report: RunReport) -> None:
