@@ -25,7 +25,7 @@ from azure_functions_db.errors import (
     SettingNotFoundError,
     SourceDefinitionError,
 )
-from azure_functions_db.sources._keyset import RESERVED_PREFIX
+from azure_functions_db.sources._keyset import RESERVED_PREFIX, text_filter
 
 PLACEHOLDER = re.compile(r"%([A-Za-z_][A-Za-z0-9_]*)%")
 _LISTED_TABLES = 10
@@ -248,3 +248,29 @@ def missing_table(
         f"Table `{qualified}` does not exist in `{url}`. {listing} Fix `table=` (or `schema=`) "
         f"or the database URL.{hint}"
     )
+
+
+def resolve_where(
+    where: ColumnElement[bool] | TextClause | None,
+    table: sa.Table,
+    selected: Sequence[sa.Column[Any]],
+    qualified: str,
+) -> ColumnElement[bool] | None:
+    """The filter bound to the reflected ``table``; a text filter in parentheses.
+
+    Refuses a clause that reads other tables: the source reads one table, and an accidental
+    cross join would multiply rows.
+    """
+    if where is None:
+        return None
+    if isinstance(where, TextClause):
+        return text_filter(where)
+    resolved = bind_to(where, table, qualified)
+    froms = sa.select(*selected).where(resolved).get_final_froms()
+    others = [str(f) for f in froms if f is not table]
+    if others:
+        raise SourceDefinitionError(
+            f"`where` of `{qualified}` refers to other tables ({', '.join(others)}); the source "
+            "reads one table. Use a correlated `sa.exists()` subquery instead."
+        )
+    return resolved

@@ -209,3 +209,19 @@ def picker(indexes: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]
     if not indexes:
         return lambda row: ()
     return operator.itemgetter(*indexes)
+
+
+def deletion_test(column: sa.Column[Any], names: Sequence[str]) -> Callable[[Sequence[Any]], bool]:
+    """``row -> is it soft-deleted?`` for the ``soft_delete`` ``column`` of rows of ``names``.
+
+    A boolean or integer flag marks a deleted row when true; any other type (``deleted_at``)
+    when not NULL.
+    """
+    index = list(names).index(column.name)
+    try:
+        python_type = column.type.python_type
+    except NotImplementedError:
+        python_type = object
+    if python_type is bool or python_type is int:
+        return lambda row: bool(row[index])
+    return lambda row: row[index] is not None

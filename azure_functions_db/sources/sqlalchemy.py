@@ -39,15 +39,15 @@ from azure_functions_db.errors import (
 )
 from azure_functions_db.ports import Horizon, SourceHealth, SourceRow
 from azure_functions_db.sources import _config as config
+from azure_functions_db.sources import _engine as engines
 from azure_functions_db.sources import _health as health
-from azure_functions_db.sources import _pgtypes as pgtypes
 from azure_functions_db.sources._horizon import (
     AutoHorizon,
     HorizonStrategy,
     LagHorizon,
     NoHorizon,
 )
-from azure_functions_db.sources._keyset import KeysetQuery, picker, text_filter
+from azure_functions_db.sources._keyset import KeysetQuery, deletion_test, picker
 from azure_functions_db.sources._values import parse_value
 
 __all__ = ["AutoHorizon", "HorizonStrategy", "LagHorizon", "NoHorizon", "SqlSource"]
@@ -240,7 +240,11 @@ class SqlSource:
             self._names = tuple(column.name for column in self._query.selected)
             self._cursor_of = picker([self._names.index(c.name) for c in self._query.cursor])
             self._pk_of = picker([self._names.index(c.name) for c in self._query.pk])
-            self._deleted = self._deletion_test(self._query)
+            self._deleted = (
+                None
+                if self._soft_delete is None
+                else deletion_test(self._query.table.c[self._soft_delete], self._names)
+            )
             self._description = SourceDescription(
                 table=self._qualified,
                 cursor=self._cursor_names,
@@ -372,26 +376,7 @@ class SqlSource:
         return self._query
 
     def _create_engine(self, url: sa.URL) -> sa.Engine:
-        # No pre-ping: it would double the round trips of an idle run. A pooled connection the
-        # server dropped fails as a disconnect, SQLAlchemy invalidates it, and the engine's
-        # bounded retry of TransientSourceError takes a fresh one. Recycling keeps connections
-        # younger than typical server-side idle timeouts.
-        options = {"pool_pre_ping": False, "pool_recycle": 1800, **self._engine_options}
-        try:
-            engine = sa.create_engine(url, **options)
-        except ImportError as exc:  # also SQLAlchemy's NoSuchModuleError
-            raise ConfigurationError(
-                f"Cannot load the database driver for `{self._masked_url}` ({exc}). Install it, "
-                "e.g. `pip install azure-functions-db[postgres]` (or `[mysql]`, `[mssql]`)."
-            ) from exc
-        except (sa_exc.ArgumentError, TypeError) as exc:
-            raise ConfigurationError(
-                f"Cannot create an engine for `{self._masked_url}` with `engine_options="
-                f"{sorted(self._engine_options)}`: {self._scrub(str(exc))}"
-            ) from exc
-        pgtypes.register(engine)
-        _utc_sessions(engine)
-        return engine
+        return engines.create(url, self._engine_options, self._masked_url, self._scrub)
 
     def _reflect(self, conn: sa.Connection) -> sa.Table:
         try:
@@ -424,20 +409,7 @@ class SqlSource:
         if self._soft_delete is not None:
             flag = config.table_column(table, self._soft_delete, "soft_delete")
             selected += [flag] if flag not in selected else []
-        where = self._where
-        if isinstance(where, TextClause):
-            resolved: ColumnElement[bool] | None = text_filter(where)
-        elif where is not None:
-            resolved = config.bind_to(where, table, self._qualified)
-            froms = sa.select(*selected).where(resolved).get_final_froms()
-            others = [str(f) for f in froms if f is not table]
-            if others:
-                raise SourceDefinitionError(
-                    f"`where` of `{self._qualified}` refers to other tables ({', '.join(others)}); "
-                    "the source reads one table. Use a correlated `sa.exists()` subquery instead."
-                )
-        else:
-            resolved = None
+        resolved = config.resolve_where(self._where, table, selected, self._qualified)
         return KeysetQuery(
             table,
             selected=selected,
@@ -448,20 +420,6 @@ class SqlSource:
             # _keyset): MariaDB scans the index with them and SQL Server has none.
             row_values=dialect == "postgresql",
         )
-
-    def _deletion_test(self, query: KeysetQuery) -> Callable[[Sequence[Any]], bool] | None:
-        """``row -> is it soft-deleted?`` for the ``soft_delete`` column, or ``None``."""
-        if self._soft_delete is None:
-            return None
-        index = self._names.index(self._soft_delete)
-        column = query.table.c[self._soft_delete]
-        try:
-            python_type = column.type.python_type
-        except NotImplementedError:
-            python_type = object
-        if python_type is bool or python_type is int:
-            return lambda row: bool(row[index])
-        return lambda row: row[index] is not None
 
     def _check_position(self, after: Position | None, query: KeysetQuery) -> None:
         if after is None:
@@ -477,19 +435,11 @@ class SqlSource:
         # The hot path: one pass, no per-row method calls beyond the two constructors.
         names, cursor_of, pk_of, deleted = self._names, self._cursor_of, self._pk_of, self._deleted
         try:
-            if deleted is not None:
-                return [
-                    SourceRow(
-                        position=Position(cursor=cursor_of(row), pk=pk_of(row)),
-                        data=dict(zip(names, row, strict=True)),
-                        op="delete" if deleted(row) else "upsert",
-                    )
-                    for row in rows
-                ]
             return [
                 SourceRow(
                     position=Position(cursor=cursor_of(row), pk=pk_of(row)),
                     data=dict(zip(names, row, strict=True)),
+                    op="delete" if deleted is not None and deleted(row) else "upsert",
                 )
                 for row in rows
             ]
@@ -540,24 +490,3 @@ class SqlSource:
         for secret in self._secrets:
             text = text.replace(secret, "***")
         return text
-
-
-def _utc_sessions(engine: sa.Engine) -> None:
-    """MySQL/MariaDB: every connection of ``engine`` reads ``TIMESTAMP`` columns in UTC.
-
-    The server converts ``TIMESTAMP`` values (stored in UTC) to the session's zone, which is the
-    server's ``SYSTEM`` zone unless set: in a zone with daylight saving time, the hour repeated in
-    autumn would read as equal wall-clock values for different instants, and positions bound back
-    in that zone are ambiguous. ``DATETIME`` columns are not converted (they hold wall-clock time
-    in ``cursor_timezone``).
-    """
-    if engine.dialect.name not in ("mysql", "mariadb"):
-        return
-
-    @sa.event.listens_for(engine, "connect")
-    def _set_utc(dbapi_connection: Any, connection_record: Any) -> None:
-        cursor = dbapi_connection.cursor()
-        try:
-            cursor.execute("SET time_zone = '+00:00'")
-        finally:
-            cursor.close()
