@@ -67,6 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     seek.add_argument("--reason", default="", help="recorded in the audit")
     seek.add_argument("--json", action="store_true")
+
+    validate = add(
+        "validate",
+        "check each poller's source, index, horizon, NULL cursors and checkpoint (read-only)",
+    )
+    validate.add_argument("app")
+    validate.add_argument("--poller", action="append", help="only this poller (repeatable)")
+    validate.add_argument("--json", action="store_true", help="stable JSON output for scripts")
     return parser
 
 
@@ -80,7 +88,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     # No markup: error texts and row values may contain `[...]`; colour goes through style=.
     console = Console(highlight=False, soft_wrap=True, markup=False)
     try:
-        handler = {"demo": _demo, "run": _run, "status": _status, "seek": _seek}[args.command]
+        handler = {
+            "demo": _demo,
+            "run": _run,
+            "status": _status,
+            "seek": _seek,
+            "validate": _validate,
+        }[args.command]
         return handler(args, console)
     except ConfigurationError as exc:
         _stderr().print(f"error: {exc}", style="red")
@@ -225,6 +239,49 @@ def _seek(args: argparse.Namespace, console: Console) -> int:
             f"under fence {result.fence}, by {result.by}"
         )
     return EXIT_OK
+
+
+_LEVEL_STYLE = {"ok": "green", "warning": "yellow", "error": "red"}
+
+
+def _validate(args: argparse.Namespace, console: Console) -> int:
+    from azure_functions_db.validate import validate_app
+
+    # The report shows every finding; the library's own WARNING lines (NULL cursors, missing
+    # index, horizon fallback) would only repeat them on stderr. `-v` shows them too.
+    library = logging.getLogger("azure_functions_db")
+    previous = library.level
+    if args.verbose + args.verbose_top == 0:
+        library.setLevel(logging.ERROR)
+    try:
+        results = validate_app(args.app, dict(os.environ), args.poller)
+    finally:
+        library.setLevel(previous)
+    if args.json:
+        sys.stdout.write(json.dumps([r.to_json() for r in results], indent=2) + "\n")
+    else:
+        for r in results:
+            console.print(
+                f"{r.poller} (namespace {r.namespace}, table {r.source.table}): "
+                f"{r.errors} error(s), {r.warnings} warning(s)",
+                style="bold",
+            )
+            for finding in r.findings:
+                label = finding.level.upper()
+                console.print(
+                    f"  {label:<8}{finding.check}: {finding.message}",
+                    style=_LEVEL_STYLE[finding.level],
+                )
+                if finding.fix:
+                    console.print(f"  {'':<8}fix: {finding.fix}")
+            console.print()
+        errors = sum(r.errors for r in results)
+        warnings = sum(r.warnings for r in results)
+        console.print(
+            f"{len(results)} poller(s): {errors} error(s), {warnings} warning(s)",
+            style="red" if errors else "yellow" if warnings else "green",
+        )
+    return EXIT_FAILED if any(not r.ok for r in results) else EXIT_OK
 
 
 if __name__ == "__main__":  # pragma: no cover

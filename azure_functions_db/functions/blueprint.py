@@ -9,7 +9,9 @@ import asyncio
 import logging
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, Literal, TypeVar
 
 import azure.functions as func
@@ -28,6 +30,20 @@ from azure_functions_db.ports import Source, StateStore
 logger = logging.getLogger(__name__)
 
 H = TypeVar("H", bound=Handler)
+
+# Off while `afdb validate` loads an app: it opens every source itself and reports each poller's
+# problems, instead of the first missing table stopping the import.
+_CHECK_SOURCES: ContextVar[bool] = ContextVar("afdb_check_sources", default=True)
+
+
+@contextmanager
+def deferred_source_checks() -> Iterator[None]:
+    """Within this block ``@db.poller`` does not open its source (``check_source`` is skipped)."""
+    token = _CHECK_SOURCES.set(False)
+    try:
+        yield
+    finally:
+        _CHECK_SOURCES.reset(token)
 
 
 def function_name_for(poller: str) -> str:
@@ -119,7 +135,7 @@ class PollerBlueprint(func.Blueprint):
                 '`afdb.SqlSource(url="%ORDERS_DB_URL%", table="orders", cursor="updated_at", '
                 'pk="id")`.'
             )
-        if check_source:
+        if check_source and _CHECK_SOURCES.get():
             _check_source_now(source, name)
 
         def decorate(handler: H) -> H:

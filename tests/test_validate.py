@@ -1,0 +1,534 @@
+"""``afdb validate`` against real app files, on SQLite, PostgreSQL and MariaDB, with local state.
+
+The source checks (table, columns, index, horizon, NULL cursors) run unchanged on each database;
+the restricted-privilege fallbacks use a PostgreSQL role without ``pg_read_all_stats`` and a
+MariaDB user without ``PROCESS``; the checkpoint checks use a checkpoint written by a real run.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
+
+from azure_functions_db.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
+from azure_functions_db.validate import PollerValidation, validate_app
+
+from . import dbservers
+
+T0 = dt.datetime(2026, 1, 1, 12, 0, 0)
+SECOND = dt.timedelta(seconds=1)
+
+# -- databases and apps ---------------------------------------------------------------------------
+
+
+@dataclass
+class Db:
+    """One database of the matrix: where the tables go and how the app reaches them."""
+
+    kind: str  # sqlite | postgresql | mariadb
+    url: str
+    schema: str | None
+
+    def qualified(self, table: str) -> str:
+        return f"{self.schema}.{table}" if self.schema else table
+
+    def create(
+        self,
+        table: str,
+        *,
+        index: bool = True,
+        rows: int = 3,
+        null_cursors: int = 0,
+        database_clock: bool = False,
+    ) -> None:
+        """``table(id, note, updated_at)``; ``index`` adds one on (updated_at, id). Rows are
+        stamped from T0 on, or with ``CURRENT_TIMESTAMP`` (``database_clock``); the first
+        ``null_cursors`` rows have none."""
+        md = sa.MetaData(schema=self.schema)
+        stamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+        t = sa.Table(
+            table,
+            md,
+            sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+            sa.Column("note", sa.String(20)),
+            sa.Column("updated_at", stamp, nullable=True),
+        )
+        if index:
+            sa.Index(f"ix_{table}_keyset", t.c.updated_at, t.c.id)
+        engine = sa.create_engine(self.url, poolclass=sa.NullPool)
+        try:
+            md.create_all(engine)
+            with engine.begin() as conn:
+                for i in range(1, rows + 1):
+                    stamp_at = sa.func.current_timestamp() if database_clock else T0 + i * SECOND
+                    at = None if i <= null_cursors else stamp_at
+                    conn.execute(t.insert().values(id=i, note=f"n{i}", updated_at=at))
+        finally:
+            engine.dispose()
+
+    def run(self, sql: str) -> None:
+        with dbservers.admin_engine(self.url) as engine, engine.begin() as conn:
+            conn.exec_driver_sql(sql)
+
+
+@pytest.fixture(
+    params=[
+        "sqlite",
+        pytest.param("postgresql", marks=pytest.mark.postgres),
+        pytest.param("mariadb", marks=pytest.mark.mysql),
+    ]
+)
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Db:
+    if request.param == "sqlite":
+        return Db("sqlite", f"sqlite:///{tmp_path / 'validate.db'}", None)
+    if request.param == "postgresql":
+        return Db("postgresql", request.getfixturevalue("pg_url"), pg_schema_of(request))
+    name = request.getfixturevalue("mysql_db")
+    return Db("mariadb", dbservers.mysql_url(name), None)
+
+
+def pg_schema_of(request: pytest.FixtureRequest) -> str:
+    return str(request.getfixturevalue("pg_schema"))
+
+
+@pytest.fixture
+def sqlite_db(tmp_path: Path) -> Db:
+    return Db("sqlite", f"sqlite:///{tmp_path / 'validate.db'}", None)
+
+
+@pytest.fixture
+def pg(pg_url: str, pg_schema: str) -> Db:
+    return Db("postgresql", pg_url, pg_schema)
+
+
+@pytest.fixture
+def maria(mysql_db: str) -> Db:
+    return Db("mariadb", dbservers.mysql_url(mysql_db), None)
+
+
+@pytest.fixture(autouse=True)
+def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("AFDB_STATE_DIR", str(tmp_path / "state"))
+    return tmp_path / "state"
+
+
+def poller(name: str, table: str, *, url: str = "%VAL_DB%", **options: Any) -> str:
+    """The text of one ``@db.poller`` on ``table`` (cursor ``updated_at``, pk ``id``)."""
+    options = {"cursor": "updated_at", "pk": "id", **options}
+    args = "".join(f", {key}={value!r}" for key, value in options.items())
+    function = "on_" + name.replace("-", "_")
+    return (
+        f"@db.poller(name={name!r}, schedule='0 0 * * * *',\n"
+        f"           source=afdb.SqlSource(url={url!r}, table={table!r}{args}))\n"
+        f"def {function}(batch):\n"
+        f"    pass\n\n"
+    )
+
+
+def write_app(folder: Path, monkeypatch: pytest.MonkeyPatch, db: Db | None, *pollers: str) -> Path:
+    """An app file with these pollers; ``%VAL_DB%`` is ``db``'s URL. A new file per content, so
+    Python's bytecode cache never serves an older version of it."""
+    text = "import azure_functions_db as afdb\n\ndb = afdb.PollerBlueprint()\n\n" + "".join(pollers)
+    path = folder / f"app_{hashlib.sha1(text.encode()).hexdigest()[:10]}.py"
+    path.write_text(text)
+    if db is not None:
+        monkeypatch.setenv("VAL_DB", db.url)
+    return path
+
+
+def validate_json(app: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, Any]:
+    capsys.readouterr()
+    code = main(["validate", str(app), "--json", *extra])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def validate_text(app: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str]:
+    capsys.readouterr()
+    code = main(["validate", str(app), *extra])
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def findings(doc: dict[str, Any], check: str) -> list[dict[str, Any]]:
+    return [f for f in doc["findings"] if f["check"] == check]
+
+
+def level_of(doc: dict[str, Any], check: str) -> str:
+    (finding,) = findings(doc, check)
+    return str(finding["level"])
+
+
+# -- the source checks, on every database -------------------------------------------------------
+
+SAFE_METHOD = {"sqlite": "none", "postgresql": "pg_xact_start", "mariadb": "mysql_innodb_trx"}
+PRIVILEGES = {"sqlite": [], "postgresql": ["pg_read_all_stats"], "mariadb": ["PROCESS"]}
+
+
+def test_clean_poller_exits_0_and_reports_the_horizon(db, tmp_path, monkeypatch, capsys):
+    db.create("orders")
+    app = write_app(tmp_path, monkeypatch, db, poller("orders", "orders", schema=db.schema))
+    code, (doc,) = validate_json(app, capsys)
+    assert code == EXIT_OK
+    assert [f for f in doc["findings"] if f["level"] != "ok"] == []
+    assert doc["ok"] is True
+    assert doc["horizon"] == {
+        "method": SAFE_METHOD[db.kind],
+        "detail": "",
+        "privileges": PRIVILEGES[db.kind],
+    }
+    assert doc["index_ok"] is True
+    assert doc["null_cursor_rows"] == 0
+    assert doc["checkpoint"]["state"] == "absent"
+
+    code, out = validate_text(app, capsys)
+    assert code == EXIT_OK
+    assert f"OK      horizon: Horizon `{SAFE_METHOD[db.kind]}`" in out
+    assert "0 error(s), 0 warning(s)" in out
+
+
+def test_missing_table_exits_1_naming_it(db, tmp_path, monkeypatch, capsys):
+    db.create("orders")
+    # The decorator's own check would stop the import on this table: validate defers it and
+    # reports the poller instead.
+    app = write_app(tmp_path, monkeypatch, db, poller("orders", "ordres", schema=db.schema))
+    code, out = validate_text(app, capsys)
+    assert code == EXIT_FAILED
+    assert f"ERROR   source: Table `{db.qualified('ordres')}` does not exist" in out
+    assert "`orders`" in out  # the tables that do exist are listed
+
+
+def test_missing_column_exits_1_naming_it(db, tmp_path, monkeypatch, capsys):
+    db.create("orders")
+    app = write_app(
+        tmp_path, monkeypatch, db, poller("orders", "orders", cursor="changed_at", schema=db.schema)
+    )
+    code, (doc,) = validate_json(app, capsys)
+    assert code == EXIT_FAILED
+    (finding,) = findings(doc, "source")
+    assert finding["level"] == "error"
+    assert "Column `changed_at` (in `cursor=`) does not exist" in finding["message"]
+    assert doc["horizon"] is None
+    assert doc["index_ok"] is None
+
+
+def test_no_supporting_index_is_a_warning_with_the_create_index(db, tmp_path, monkeypatch, capsys):
+    db.create("plain", index=False)
+    app = write_app(tmp_path, monkeypatch, db, poller("plain", "plain", schema=db.schema))
+    code, out = validate_text(app, capsys)
+    assert code == EXIT_OK
+    table = db.qualified("plain")
+    statement = f"CREATE INDEX ix_plain_keyset ON {table} (updated_at, id)"
+    assert f"WARNING index: No index of `{table}` starts with (updated_at, id)" in out
+    assert f"fix: {statement}" in out
+    code, (doc,) = validate_json(app, capsys)
+    assert (code, doc["index_ok"], doc["ok"]) == (EXIT_OK, False, True)
+    (finding,) = findings(doc, "index")
+    assert finding["fix"] == statement
+    # SqlSource.check() reports the same missing index: validate shows it once.
+    assert findings(doc, "source_check") == []
+
+
+def test_null_cursors_are_counted(db, tmp_path, monkeypatch, capsys):
+    db.create("orders", rows=5, null_cursors=2)
+    app = write_app(tmp_path, monkeypatch, db, poller("orders", "orders", schema=db.schema))
+    code, (doc,) = validate_json(app, capsys)
+    assert code == EXIT_OK
+    assert doc["null_cursor_rows"] == 2
+    (finding,) = findings(doc, "null_cursor")
+    assert finding["level"] == "warning"
+    assert "2 row(s)" in finding["message"]
+    assert "`updated_at`" in finding["message"]
+
+
+def test_null_cursors_are_an_error_when_the_source_raises_on_them(
+    sqlite_db, tmp_path, monkeypatch, capsys
+):
+    sqlite_db.create("orders", rows=5, null_cursors=1)
+    text = poller("orders", "orders", on_null_cursor="raise")
+    code, (doc,) = validate_json(write_app(tmp_path, monkeypatch, sqlite_db, text), capsys)
+    assert code == EXIT_FAILED
+    assert doc["null_cursor_rows"] == 1
+    assert level_of(doc, "null_cursor") == "error"
+
+
+def test_other_findings_of_the_source_check_are_warnings(sqlite_db, tmp_path, monkeypatch, capsys):
+    # SQLite's CURRENT_TIMESTAMP is text without microseconds: SqlSource.check() warns about it.
+    sqlite_db.create("orders", database_clock=True)
+    app = write_app(tmp_path, monkeypatch, sqlite_db, poller("orders", "orders"))
+    code, (doc,) = validate_json(app, capsys)
+    assert code == EXIT_OK
+    (finding,) = findings(doc, "source_check")
+    assert finding["level"] == "warning"
+    assert "3 row(s) of `orders` store `updated_at` in a text format" in finding["message"]
+
+
+# -- settings, state and the checkpoint (SQLite) ------------------------------------------------
+
+
+def test_an_undefined_setting_is_an_error_naming_it(sqlite_db, tmp_path, monkeypatch, capsys):
+    sqlite_db.create("orders")
+    monkeypatch.delenv("VAL_NOT_SET", raising=False)
+    text = poller("orders", "orders", url="%VAL_NOT_SET%")
+    code, (doc,) = validate_json(write_app(tmp_path, monkeypatch, None, text), capsys)
+    assert code == EXIT_FAILED
+    (finding,) = findings(doc, "settings")
+    assert finding["level"] == "error"
+    assert "App setting `VAL_NOT_SET`" in finding["message"]
+
+
+def test_a_schedule_setting_is_resolved_or_named(sqlite_db, tmp_path, monkeypatch, capsys):
+    sqlite_db.create("orders")
+    text = poller("orders", "orders").replace("'0 0 * * * *'", "'%VAL_SCHEDULE%'")
+    app = write_app(tmp_path, monkeypatch, sqlite_db, text)
+    monkeypatch.delenv("VAL_SCHEDULE", raising=False)
+    code, (doc,) = validate_json(app, capsys)
+    assert code == EXIT_FAILED
+    assert "`VAL_SCHEDULE`" in findings(doc, "settings")[0]["message"]
+    monkeypatch.setenv("VAL_SCHEDULE", "*/30 * * * * *")
+    code, (doc,) = validate_json(app, capsys)
+    assert code == EXIT_OK
+    assert findings(doc, "schedule")[0]["message"] == (
+        "Schedule `%VAL_SCHEDULE%` is `*/30 * * * * *`."
+    )
+
+
+def test_checkpoint_is_reported_and_nothing_is_written(
+    sqlite_db, tmp_path, monkeypatch, capsys, state_dir
+):
+    sqlite_db.create("orders")
+    app = write_app(tmp_path, monkeypatch, sqlite_db, poller("orders", "orders"))
+    code, (doc,) = validate_json(app, capsys)
+    assert code == EXIT_OK
+    assert doc["checkpoint"]["state"] == "absent"
+    assert not state_dir.exists()  # no lease taken, no record created
+
+    assert main(["run", str(app), "--once"]) == EXIT_OK
+    before = {p: p.read_bytes() for p in state_dir.rglob("*") if p.is_file()}
+    assert any(p.name.endswith(".lease") for p in before)
+    code, (doc,) = validate_json(app, capsys)
+    assert code == EXIT_OK
+    after = {p: p.read_bytes() for p in state_dir.rglob("*") if p.is_file()}
+    assert after == before
+    checkpoint = doc["checkpoint"]
+    assert (checkpoint["state"], checkpoint["fence"]) == ("present", 1)
+    assert checkpoint["position"]["pk"] == [{"t": "int", "v": "3"}]
+    assert checkpoint["source"]["cursor"] == ["updated_at"]
+    assert doc["store"] == f"local:{state_dir}"
+
+
+def test_changed_cursor_column_is_an_error_naming_afdb_seek(
+    sqlite_db, tmp_path, monkeypatch, capsys
+):
+    sqlite_db.create("orders")
+    first = write_app(tmp_path, monkeypatch, sqlite_db, poller("orders", "orders"))
+    assert main(["run", str(first), "--once"]) == EXIT_OK
+    changed = write_app(tmp_path, monkeypatch, sqlite_db, poller("orders", "orders", cursor="id"))
+    code, (doc,) = validate_json(changed, capsys)
+    assert code == EXIT_FAILED
+    (finding,) = findings(doc, "source_change")
+    assert finding["level"] == "error"
+    assert "cursor ['updated_at']" in finding["message"]
+    assert "cursor ['id']" in finding["message"]
+    way_out = f"afdb seek {changed} --poller orders --beginning"
+    assert way_out in finding["message"]
+    assert finding["fix"] == way_out
+    code, out = validate_text(changed, capsys)
+    assert (code, "ERROR   source_change:" in out) == (EXIT_FAILED, True)
+
+    # The way out it names works.
+    assert main(["seek", str(changed), "--poller", "orders", "--beginning"]) == EXIT_OK
+    code, (doc,) = validate_json(changed, capsys)
+    assert code == EXIT_OK
+    assert findings(doc, "source_change") == []
+
+
+def test_changed_where_is_a_warning(sqlite_db, tmp_path, monkeypatch, capsys):
+    sqlite_db.create("orders")
+    first = write_app(tmp_path, monkeypatch, sqlite_db, poller("orders", "orders"))
+    assert main(["run", str(first), "--once"]) == EXIT_OK
+    changed = write_app(
+        tmp_path, monkeypatch, sqlite_db, poller("orders", "orders", where="note <> 'x'")
+    )
+    code, (doc,) = validate_json(changed, capsys)
+    assert code == EXIT_OK
+    (finding,) = findings(doc, "source_change")
+    assert finding["level"] == "warning"
+    assert "The `where` filter changed" in finding["message"]
+    assert "not revisited" in finding["message"]
+
+
+def test_an_unreadable_state_store_is_an_error(sqlite_db, tmp_path, monkeypatch, capsys):
+    sqlite_db.create("orders")
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    monkeypatch.setenv("AFDB_STATE_DIR", str(blocker))
+    app = write_app(tmp_path, monkeypatch, sqlite_db, poller("orders", "orders"))
+    code, (doc,) = validate_json(app, capsys)
+    assert code == EXIT_FAILED
+    assert level_of(doc, "state") == "error"
+    assert doc["checkpoint"]["state"] == "unknown"
+
+
+# -- output, selection, Python API --------------------------------------------------------------
+
+
+def test_json_structure_is_stable(sqlite_db, tmp_path, monkeypatch, capsys):
+    sqlite_db.create("orders")
+    app = write_app(tmp_path, monkeypatch, sqlite_db, poller("orders", "orders"))
+    code, docs = validate_json(app, capsys)
+    assert code == EXIT_OK
+    (doc,) = docs
+    assert set(doc) == {
+        "poller",
+        "namespace",
+        "ok",
+        "errors",
+        "warnings",
+        "source",
+        "store",
+        "horizon",
+        "index_ok",
+        "null_cursor_rows",
+        "checkpoint",
+        "findings",
+    }
+    assert (doc["poller"], doc["namespace"], doc["errors"], doc["warnings"]) == (
+        "orders",
+        "live",
+        0,
+        0,
+    )
+    assert doc["source"] == {
+        "table": "orders",
+        "cursor": ["updated_at"],
+        "pk": ["id"],
+        "where": None,
+        "columns": ["id", "note", "updated_at"],
+    }
+    assert set(doc["horizon"]) == {"method", "detail", "privileges"}
+    assert set(doc["checkpoint"]) == {"state", "position", "position_text", "fence", "source"}
+    assert [f["check"] for f in doc["findings"]] == [
+        "source",
+        "index",
+        "horizon",
+        "null_cursor",
+        "checkpoint",
+    ]
+    for finding in doc["findings"]:
+        assert set(finding) == {"check", "level", "message", "fix"}
+        assert finding["level"] in ("ok", "warning", "error")
+
+
+def test_poller_selection_and_an_unknown_poller(sqlite_db, tmp_path, monkeypatch, capsys):
+    sqlite_db.create("orders")
+    app = write_app(
+        tmp_path,
+        monkeypatch,
+        sqlite_db,
+        poller("good", "orders"),
+        poller("broken", "no_such_table"),
+    )
+    code, docs = validate_json(app, capsys)
+    assert (code, [d["poller"] for d in docs]) == (EXIT_FAILED, ["good", "broken"])
+    code, docs = validate_json(app, capsys, "--poller", "good")
+    assert (code, [d["poller"] for d in docs]) == (EXIT_OK, ["good"])
+    code, out = validate_text(app, capsys, "--poller", "nope")
+    assert code == EXIT_USAGE
+    assert "Unknown poller `nope`" in out
+    assert "broken, good" in out
+
+
+def test_usable_from_python(sqlite_db, tmp_path, monkeypatch):
+    sqlite_db.create("orders", index=False)
+    app = write_app(tmp_path, monkeypatch, sqlite_db, poller("orders", "orders"))
+    (result,) = validate_app(str(app))
+    assert isinstance(result, PollerValidation)
+    assert (result.ok, result.errors, result.warnings, result.index_ok) == (True, 0, 1, False)
+    assert result.horizon is not None
+    assert result.horizon.method == "none"
+    assert [f.check for f in result.findings if f.level == "warning"] == ["index"]
+
+
+# -- horizon fallbacks under restricted privileges ----------------------------------------------
+
+
+@pytest.fixture
+def pg_low_role(pg: Db) -> Iterator[str]:
+    """A login role that may read the schema's tables but not other sessions' activity."""
+    role = f"afdb_v_{uuid.uuid4().hex[:10]}"
+    pg.run(f'CREATE ROLE {role} LOGIN; GRANT USAGE ON SCHEMA "{pg.schema}" TO {role}')
+    yield role
+    pg.run(f"DROP OWNED BY {role}; DROP ROLE {role}")
+
+
+@pytest.mark.postgres
+def test_pg_role_without_pg_read_all_stats_falls_back_naming_the_grant(
+    pg, pg_low_role, tmp_path, monkeypatch, capsys
+):
+    pg.create("orders")
+    pg.run(f'GRANT SELECT ON ALL TABLES IN SCHEMA "{pg.schema}" TO {pg_low_role}')
+    low = Db("postgresql", f"postgresql+psycopg://{pg_low_role}@127.0.0.1:5432/test", pg.schema)
+    app = write_app(tmp_path, monkeypatch, low, poller("orders", "orders", schema=pg.schema))
+    code, (doc,) = validate_json(app, capsys)
+    assert code == EXIT_OK  # a warning, not an error
+    grant = f"GRANT pg_read_all_stats TO {pg_low_role}"
+    assert doc["horizon"]["method"] == "none"
+    assert grant in doc["horizon"]["detail"]
+    (finding,) = findings(doc, "horizon")
+    assert finding["level"] == "warning"
+    assert grant in finding["message"]
+    assert "late" in finding["message"]
+    assert "can be missed" in finding["message"]
+    assert finding["fix"] == grant
+
+    # Granted, the same app gets the commit-safe method.
+    pg.run(f"GRANT pg_read_all_stats TO {pg_low_role}")
+    code, (doc,) = validate_json(app, capsys)
+    assert (code, doc["horizon"]["method"], level_of(doc, "horizon")) == (
+        EXIT_OK,
+        "pg_xact_start",
+        "ok",
+    )
+
+
+@pytest.fixture
+def maria_low_user(maria: Db) -> Iterator[str]:
+    """A user that may read the database's tables but lacks PROCESS."""
+    user = f"afdb_v_{uuid.uuid4().hex[:10]}"
+    database = sa.make_url(maria.url).database
+    for host in ("%%", "localhost"):
+        maria.run(f"CREATE USER '{user}'@'{host}'")
+        maria.run(f"GRANT SELECT ON `{database}`.* TO '{user}'@'{host}'")
+    yield user
+    for host in ("%%", "localhost"):
+        maria.run(f"DROP USER '{user}'@'{host}'")
+
+
+@pytest.mark.mysql
+def test_mariadb_user_without_process_falls_back_naming_the_grant(
+    maria, maria_low_user, tmp_path, monkeypatch, capsys
+):
+    maria.create("orders")
+    database = sa.make_url(maria.url).database
+    low = Db("mariadb", f"mysql+pymysql://{maria_low_user}@127.0.0.1:3306/{database}", None)
+    app = write_app(tmp_path, monkeypatch, low, poller("orders", "orders", lag=5))
+    code, out = validate_text(app, capsys)
+    grant = f"GRANT PROCESS ON *.* TO {maria_low_user}"
+    assert code == EXIT_OK
+    assert "WARNING horizon: Horizon `lag`:" in out
+    assert grant in out
+    assert "longer than the lag can be missed" in out
+    code, (doc,) = validate_json(app, capsys)
+    assert doc["horizon"]["method"] == "lag"
+    assert doc["horizon"]["privileges"] == []
+    assert findings(doc, "horizon")[0]["fix"] == grant
