@@ -47,6 +47,7 @@ from azure_functions_db.errors import (
     TransientStoreError,
 )
 from azure_functions_db.functions.blueprint import PollerBlueprint
+from azure_functions_db.functions.retry import FunctionsRetry
 from azure_functions_db.sources.outbox import OutboxSource
 from azure_functions_db.sources.sqlalchemy import SqlSource
 from azure_functions_db.state.local import LocalStateStore
@@ -78,6 +79,7 @@ __all__ = [
     "CheckpointConflictError",
     "CheckpointCorruptError",
     "ConfigurationError",
+    "FunctionsRetry",
     "HandlerError",
     "LeaseHeldError",
     "LeaseLostError",

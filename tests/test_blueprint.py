@@ -200,3 +200,75 @@ def test_missing_storage_setting_under_a_host_names_it(orders):
     db.poller(name="orders", schedule="0 * * * * *", source=source(orders.url))(lambda b: None)
     with pytest.raises(ConfigurationError, match="AzureWebJobsStorage"):
         db.pollers["orders"].run_once({"WEBSITE_INSTANCE_ID": "abc"})
+
+
+def test_functions_retry_policy_reaches_the_function_settings(orders, tmp_path):
+    db = afdb.PollerBlueprint()
+
+    @db.poller(
+        name="orders",
+        schedule="0 0 * * * *",
+        source=source(orders.url),
+        state=afdb.LocalStateStore(tmp_path / "s"),
+        retry=afdb.FunctionsRetry("fixed_delay", max_retry_count=2, delay_interval="00:00:30"),
+    )
+    def on_orders(batch: afdb.Batch) -> None:
+        pass
+
+    @db.poller(
+        name="plain",
+        schedule="0 0 * * * *",
+        source=source(orders.url),
+        state=afdb.LocalStateStore(tmp_path / "s"),
+    )
+    def on_plain(batch: afdb.Batch) -> None:
+        pass
+
+    app = func.FunctionApp()
+    app.register_functions(db)
+    by_name = {f.get_function_name(): f for f in app.get_functions()}
+    policy = by_name["poll_orders"].get_settings_dict("retry_policy")
+    assert policy is not None
+    assert (policy["strategy"], policy["max_retry_count"], policy["delay_interval"]) == (
+        "fixed_delay",
+        "2",
+        "00:00:30",
+    )
+    assert by_name["poll_plain"].get_settings_dict("retry_policy") is None
+    (binding,) = by_name["poll_orders"].get_bindings()  # still only the timer
+    assert binding.type == "timerTrigger"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"strategy": "linear", "max_retry_count": 2}, r"strategy='linear'.*`\"fixed_delay\"`"),
+        (
+            {"strategy": "fixed_delay", "max_retry_count": 0, "delay_interval": "00:00:10"},
+            r"max_retry_count=0.*from 1 to 10",
+        ),
+        ({"strategy": "fixed_delay", "max_retry_count": 2}, r"delay_interval=None.*HH:MM:SS"),
+        (
+            {"strategy": "exponential_backoff", "max_retry_count": 2, "minimum_interval": "5s"},
+            r"minimum_interval='5s'",
+        ),
+        (
+            {
+                "strategy": "exponential_backoff",
+                "max_retry_count": 2,
+                "minimum_interval": "00:05:00",
+                "maximum_interval": "00:00:10",
+            },
+            r"longer than `maximum_interval='00:00:10'`",
+        ),
+    ],
+)
+def test_bad_functions_retry_is_refused_naming_the_value(kwargs, message):
+    with pytest.raises(afdb.ConfigurationError, match=message):
+        afdb.FunctionsRetry(**kwargs)
+
+
+def test_retry_must_be_a_functions_retry(orders):
+    db = afdb.PollerBlueprint()
+    with pytest.raises(afdb.ConfigurationError, match=r"`retry=3` is not a host retry policy"):
+        db.poller(name="x", schedule="0 0 * * * *", source=source(orders.url), retry=3)  # type: ignore[arg-type]

@@ -24,6 +24,7 @@ from azure_functions_db.errors import (
     SourceDefinitionError,
     SourceError,
 )
+from azure_functions_db.functions.retry import FunctionsRetry
 from azure_functions_db.poller import PollerDefinition, validate_schedule
 from azure_functions_db.ports import Source, StateStore
 
@@ -80,6 +81,7 @@ class PollerBlueprint(func.Blueprint):
         poison: Literal["halt"] = "halt",
         run_on_startup: bool = False,
         use_monitor: bool | None = None,
+        retry: FunctionsRetry | None = None,
         check_source: bool = True,
     ) -> Callable[[H], H]:
         """Poll ``source`` on ``schedule`` and call the decorated handler with each batch.
@@ -103,8 +105,12 @@ class PollerBlueprint(func.Blueprint):
             lease_duration: Seconds the lease lives without renewal (15-60 on Azure).
             max_attempts: Failures of one batch before it is reported as poison.
             poison: Poison policy; ``"halt"`` retries the batch on every run and alerts.
-            run_on_startup: Passed to the timer trigger.
-            use_monitor: Passed to the timer trigger.
+            run_on_startup: Passed to the timer trigger: also run when the host starts (and on
+                every scale-out or restart). Harmless, since the lease keeps runs apart.
+            use_monitor: Passed to the timer trigger (schedule monitoring, which lets the host
+                fire a missed occurrence late as ``past_due``).
+            retry: An optional host retry policy, ``afdb.FunctionsRetry(...)``, for failed
+                runs; see :class:`~azure_functions_db.functions.retry.FunctionsRetry`.
             check_source: Check at decoration time that the table and columns exist when the
                 database is reachable (skipped when a ``%SETTING%`` is not defined yet).
 
@@ -122,6 +128,12 @@ class PollerBlueprint(func.Blueprint):
             poison=poison,
         )
         validate_schedule(schedule, name)
+        if retry is not None and not isinstance(retry, FunctionsRetry):
+            raise ConfigurationError(
+                f"`retry={retry!r}` is not a host retry policy: pass e.g. "
+                '`afdb.FunctionsRetry("fixed_delay", max_retry_count=2, '
+                'delay_interval="00:00:30")`, or leave it unset.'
+            )
         fname = function_name_for(name)
         if name in self.pollers or fname in self._function_names:
             other = self._function_names.get(fname, name)
@@ -152,15 +164,21 @@ class PollerBlueprint(func.Blueprint):
             )
             self.pollers[name] = definition
             self._function_names[fname] = name
-            timer = _timer_function(definition, fname)
-            self.function_name(name=fname)(
-                self.timer_trigger(
-                    arg_name="timer",
-                    schedule=schedule,
-                    run_on_startup=run_on_startup,
-                    use_monitor=use_monitor,
-                )(timer)
-            )
+            function: Any = self.timer_trigger(
+                arg_name="timer",
+                schedule=schedule,
+                run_on_startup=run_on_startup,
+                use_monitor=use_monitor,
+            )(_timer_function(definition, fname))
+            if retry is not None:
+                function = self.retry(
+                    strategy=retry.strategy,
+                    max_retry_count=str(retry.max_retry_count),
+                    delay_interval=retry.delay_interval,
+                    minimum_interval=retry.minimum_interval,
+                    maximum_interval=retry.maximum_interval,
+                )(function)
+            self.function_name(name=fname)(function)
             return handler
 
         return decorate
