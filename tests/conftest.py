@@ -16,15 +16,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-import sqlalchemy as sa
-
-from . import dbservers
-from .source_kit import Db
 
 if TYPE_CHECKING:
     from azure_functions_db.sources import SqlSource
 
     from .azurite import Azurite
+    from .source_kit import Db
 
 _skipped: list[str] = []
 _AZURITE_FIXTURES = frozenset({"azurite", "private_azurite"})
@@ -153,6 +150,8 @@ def azurite_table_name(azurite: Azurite) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def pg_url() -> str:
     """The URL of PostgreSQL's ``test`` database; skips (failing CI) if the server is down."""
+    from . import dbservers
+
     url = dbservers.pg_url()
     reason = dbservers.unavailable_reason(url, "PostgreSQL")
     if reason is not None:
@@ -163,6 +162,8 @@ def pg_url() -> str:
 @pytest.fixture(scope="session")
 def mysql_url() -> str:
     """The URL of MariaDB's ``test`` database; skips (failing CI) if the server is down."""
+    from . import dbservers
+
     url = dbservers.mysql_url()
     reason = dbservers.unavailable_reason(url, "MariaDB")
     if reason is not None:
@@ -173,6 +174,8 @@ def mysql_url() -> str:
 @pytest.fixture
 def pg_schema(pg_url: str) -> Iterator[str]:
     """A fresh schema ``t_<hex>`` in PostgreSQL's ``test`` database, dropped CASCADE after."""
+    from . import dbservers
+
     with dbservers.pg_schema(pg_url) as name:
         yield name
 
@@ -180,6 +183,8 @@ def pg_schema(pg_url: str) -> Iterator[str]:
 @pytest.fixture
 def mysql_db(mysql_url: str) -> Iterator[str]:
     """A fresh MariaDB database ``t_<hex>``, dropped after (URL: ``dbservers.mysql_url(name)``)."""
+    from . import dbservers
+
     with dbservers.mysql_database(mysql_url) as name:
         yield name
 
@@ -203,6 +208,11 @@ def opened() -> Iterator[list[SqlSource]]:
     ]
 )
 def db(request: pytest.FixtureRequest) -> Iterator[Db]:
+    import sqlalchemy as sa
+
+    from . import dbservers
+    from .source_kit import Db
+
     if request.param == "postgres":
         schema = request.getfixturevalue("pg_schema")
         url, namespace = dbservers.pg_url(), schema
@@ -218,6 +228,11 @@ def db(request: pytest.FixtureRequest) -> Iterator[Db]:
 
 @pytest.fixture
 def pg(pg_schema: str) -> Iterator[Db]:
+    import sqlalchemy as sa
+
+    from . import dbservers
+    from .source_kit import Db
+
     engine = sa.create_engine(dbservers.pg_url(), poolclass=sa.NullPool)
     try:
         yield Db("postgres", dbservers.pg_url(), pg_schema, engine)
@@ -227,6 +242,11 @@ def pg(pg_schema: str) -> Iterator[Db]:
 
 @pytest.fixture
 def maria(mysql_db: str) -> Iterator[Db]:
+    import sqlalchemy as sa
+
+    from . import dbservers
+    from .source_kit import Db
+
     url = dbservers.mysql_url(mysql_db)
     engine = sa.create_engine(url, poolclass=sa.NullPool)
     try:
