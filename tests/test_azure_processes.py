@@ -378,7 +378,9 @@ def test_two_owners_racing_never_handle_batches_at_once_and_deliver_every_row(
     assert not duplicates
     stored = assert_drained(poller)
     assert stored.checkpoint.stats.rows == poller.rows
-    assert stored.checkpoint.fence == max(c.fence for c in handled)
+    # Every run that took the lease fenced the checkpoint, including a last one that found
+    # nothing to do; so the stored fence is the newest grant, at least that of the last batch.
+    assert stored.checkpoint.fence >= max(c.fence for c in handled)
 
 
 def _groups(items: list[int]) -> list[tuple[int, int]]:
