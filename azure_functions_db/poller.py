@@ -70,9 +70,21 @@ def default_owner() -> str:
     return f"{instance}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+#: Environment variables that only a Functions host (in Azure, or `func start`) sets for its worker:
+#: the App Service instance and site name, the host's script root, and the worker runtime (an app
+#: setting on most plans; Flex Consumption sets it itself). Not `CONTAINER_NAME`: Linux Consumption
+#: sets it, but so do unrelated container platforms (our CI machines among them).
+HOST_MARKERS = (
+    "WEBSITE_INSTANCE_ID",
+    "WEBSITE_SITE_NAME",
+    "AzureWebJobsScriptRoot",
+    "FUNCTIONS_WORKER_RUNTIME",
+)
+
+
 def under_functions_host(settings: Mapping[str, str]) -> bool:
     """Whether this process runs under an Azure Functions host (in Azure or ``func start``)."""
-    return bool(settings.get("WEBSITE_INSTANCE_ID") or settings.get("FUNCTIONS_WORKER_RUNTIME"))
+    return any(settings.get(name) for name in HOST_MARKERS)
 
 
 def default_state_store(settings: Mapping[str, str]) -> StateStore:
@@ -93,10 +105,13 @@ def default_state_store(settings: Mapping[str, str]) -> StateStore:
                 "default, which needs the `azure` extra: add `azure-functions-db[azure]` to "
                 "requirements.txt (or pass another shared store as `state=`)."
             ) from exc
-        return BlobStateStore(settings=settings)
-    from azure_functions_db.state.local import LocalStateStore
+        store: StateStore = BlobStateStore(settings=settings)
+    else:
+        from azure_functions_db.state.local import LocalStateStore
 
-    return LocalStateStore(Path(settings.get(STATE_DIR_SETTING, DEFAULT_STATE_DIR)))
+        store = LocalStateStore(Path(settings.get(STATE_DIR_SETTING, DEFAULT_STATE_DIR)))
+    log_event(logger, logging.INFO, "state_store_default", store=store.describe())
+    return store
 
 
 @dataclass(eq=False)

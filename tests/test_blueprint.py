@@ -190,6 +190,13 @@ def test_default_state_is_blob_under_a_functions_host_and_local_elsewhere(orders
     assert store.describe() == "blob:acct/afdb-state"
     func_start = {"FUNCTIONS_WORKER_RUNTIME": "python", "AzureWebJobsStorage": "x=y"}
     assert isinstance(default_state_store(func_start), BlobStateStore)
+    # Flex Consumption may not expose FUNCTIONS_WORKER_RUNTIME to the worker: any one host
+    # marker is enough, and a marker that is set but empty is not.
+    for marker in ("WEBSITE_SITE_NAME", "AzureWebJobsScriptRoot"):
+        marked = {marker: "x", "AzureWebJobsStorage__accountName": "acct"}
+        assert isinstance(default_state_store(marked), BlobStateStore), marker
+    empty = {"WEBSITE_SITE_NAME": "", "CONTAINER_NAME": "x", "AFDB_STATE_DIR": str(tmp_path / "e")}
+    assert isinstance(default_state_store(empty), LocalStateStore)
     local = default_state_store({"AFDB_STATE_DIR": str(tmp_path / "s")})
     assert isinstance(local, LocalStateStore)
     assert local.describe() == f"local:{tmp_path / 's'}"
