@@ -23,6 +23,7 @@ from azure_functions_db.core.engine import Engine, Handler, PollerConfig, RunRep
 from azure_functions_db.core.logs import log_event
 from azure_functions_db.errors import ConfigurationError, SettingNotFoundError
 from azure_functions_db.ports import Source, StateStore
+from azure_functions_db.telemetry import metrics_observer
 
 logger = logging.getLogger(__name__)
 
@@ -140,9 +141,14 @@ class PollerDefinition:
         return self.state
 
     def engine(self, settings: Mapping[str, str] | None = None) -> Engine:
-        """The engine for this poller, made once per process."""
+        """The engine for this poller, made once per process.
+
+        It records OpenTelemetry metrics when ``opentelemetry-api`` is installed, unless the
+        setting ``AFDB_OTEL_METRICS`` is ``false`` (see :mod:`azure_functions_db.telemetry`).
+        """
         with self._lock:
             if self._engine is None:
+                env = os.environ if settings is None else settings
                 self._engine = Engine(
                     self.config,
                     self.source,
@@ -150,6 +156,7 @@ class PollerDefinition:
                     self.handler,
                     self.clock,
                     owner=default_owner(),
+                    observer=metrics_observer(self.source, env, clock=self.clock),
                 )
             return self._engine
 

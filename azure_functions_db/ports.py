@@ -254,3 +254,22 @@ class AcknowledgingSource(Protocol):
     def acknowledge(self, rows: Sequence[SourceRow], position: Position) -> None:
         """Act on the rows of an acknowledged batch."""
         ...
+
+
+@runtime_checkable
+class BacklogSource(Protocol):
+    """A source that can count the rows still to read, cheaply and up to a cap (for metrics).
+
+    Optional, and never on the delivery path: the engine does not call it. The OpenTelemetry
+    observer (:mod:`azure_functions_db.telemetry`) calls it at most once per run, after a run
+    that did not catch up, to report ``afdb.lag.rows_behind``.
+    """
+
+    def rows_after(self, after: Position | None, horizon: Horizon, cap: int) -> int:
+        """How many rows :meth:`Source.fetch` would still return after ``after`` and below
+        ``horizon``, counting at most ``cap`` (so ``cap`` means "``cap`` or more").
+
+        The cost is bounded by ``cap`` whatever the table's size (an index range scan that stops
+        after ``cap`` keys), not by the backlog.
+        """
+        ...

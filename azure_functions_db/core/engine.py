@@ -13,7 +13,7 @@ import inspect
 import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 from azure_functions_db.core.batch import Batch, Change
@@ -27,7 +27,8 @@ from azure_functions_db.core.checkpoint import (
 from azure_functions_db.core.clock import Clock
 from azure_functions_db.core.lease import LeaseKeeper
 from azure_functions_db.core.logs import log_event
-from azure_functions_db.core.position import Position
+from azure_functions_db.core.observe import RunObserver, guarded
+from azure_functions_db.core.observe import RunReport as RunReport  # noqa: PLC0414 - re-export
 from azure_functions_db.core.source_change import (
     COLUMNS_CHANGED_NOTE,
     FILTER_CHANGED_NOTE,
@@ -139,22 +140,6 @@ def _check_positive(what: str, value: object, hint: str, *, integer: bool = Fals
         raise ConfigurationError(f"`{what}={value!r}` must be a positive number ({hint}).")
 
 
-@dataclass
-class RunReport:
-    """What one run did. ``status`` is ``caught_up``, ``budget_spent`` or ``lease_held``."""
-
-    poller: str
-    namespace: str
-    status: Literal["caught_up", "budget_spent", "lease_held"] = "caught_up"
-    batches: int = 0
-    rows: int = 0
-    fence: int | None = None
-    holder: str | None = None
-    position: Position | None = None
-    null_cursor_rows: int | None = None
-    warnings: list[str] = field(default_factory=list)
-
-
 class Engine:
     """Runs one poller: a source, a state store and a handler, under a lease.
 
@@ -174,6 +159,7 @@ class Engine:
         owner: str,
         heartbeat_interval: float | None = None,
         rng: random.Random | None = None,
+        observer: RunObserver | None = None,
     ) -> None:
         self.config = config
         self.source = source
@@ -184,6 +170,7 @@ class Engine:
         self._heartbeat_interval = heartbeat_interval
         self._rng = rng or random.Random()  # noqa: S311 - retry jitter, not crypto
         self._last_health: float | None = None
+        self.observer = guarded(observer)
 
     # -- the run ------------------------------------------------------------------------------
 
@@ -196,8 +183,18 @@ class Engine:
         ``CheckpointCorruptError`` (operator must decide). Every one of them leaves the
         current batch unacknowledged.
         """
+        report = RunReport(poller=self.config.name, namespace=self.config.namespace)
+        began = self.clock.monotonic()
+        try:
+            self._run(settings, report)
+        except BaseException as exc:
+            self.observer.run_finished(report, self.clock.monotonic() - began, exc)
+            raise
+        self.observer.run_finished(report, self.clock.monotonic() - began, None)
+        return report
+
+    def _run(self, settings: Mapping[str, str], report: RunReport) -> None:
         cfg = self.config
-        report = RunReport(poller=cfg.name, namespace=cfg.namespace)
         self._retrying(self.source.open, settings)
         started = self.clock.monotonic()
         grant = self._retrying(self.store.acquire, cfg.key, self.owner, cfg.lease_duration)
@@ -205,7 +202,7 @@ class Engine:
             info = self.store.inspect(cfg.key)
             report.status, report.holder, report.fence = "lease_held", info.holder, info.fence
             self._log(logging.INFO, "lease_held", holder=info.holder, lease_fence=info.fence)
-            return report
+            return
         keeper = LeaseKeeper(
             self.store, grant, self.clock, interval=self._heartbeat_interval, acquired_at=started
         )
@@ -213,6 +210,7 @@ class Engine:
         report.fence = grant.fence
         try:
             self._log(logging.INFO, "lease_acquired", fence=grant.fence)
+            self.observer.lease_acquired(cfg.name, cfg.namespace, grant.fence)
             stored = self._fence_checkpoint(grant.fence, keeper)
             self._health_check(report)
             self._loop(stored, keeper, started, report)
@@ -231,7 +229,6 @@ class Engine:
             rows=report.rows,
             position=report.position,
         )
-        return report
 
     def _loop(
         self, stored: StoredCheckpoint, keeper: LeaseKeeper, started: float, report: RunReport
@@ -240,7 +237,7 @@ class Engine:
         cp, etag = stored.checkpoint, stored.etag
         report.position = cp.position
         while True:
-            if self.clock.monotonic() - started >= cfg.time_budget:
+            if (batch_start := self.clock.monotonic()) - started >= cfg.time_budget:
                 report.status = "budget_spent"
                 return
             keeper.ensure_held()
@@ -253,6 +250,7 @@ class Engine:
             keeper.ensure_held()
             self._call_handler(batch, cp, etag, keeper)
             cp, etag = self._commit(cp, etag, batch, keeper)
+            self.observer.batch_committed(batch, self.clock.monotonic() - batch_start)
             self._acknowledge(rows, batch)
             report.batches += 1
             report.rows += len(batch)
@@ -358,6 +356,7 @@ class Engine:
                 position=cp.position,
                 error=type(exc).__name__,
             )
+            self.observer.handler_failed(batch, failed.attempts)
             if failed.attempts >= cfg.max_attempts:
                 # The alert: same batch, max_attempts failures. Nothing is skipped; an
                 # operator fixes the cause or moves past it with `afdb seek`.
@@ -412,6 +411,7 @@ class Engine:
                     self._log(
                         logging.WARNING, "commit_rejected", fence=batch.fence, rows=len(batch)
                     )
+                    self.observer.commit_rejected(batch)
                 else:
                     self._log(logging.WARNING, "commit_ambiguous_lost", fence=batch.fence)
                 raise

@@ -41,6 +41,7 @@ from azure_functions_db.ports import Horizon, SourceHealth, SourceRow
 from azure_functions_db.sources import _config as config
 from azure_functions_db.sources import _engine as engines
 from azure_functions_db.sources import _health as health
+from azure_functions_db.sources import _lag as backlog
 from azure_functions_db.sources._horizon import (
     AutoHorizon,
     HorizonStrategy,
@@ -300,6 +301,13 @@ class SqlSource:
             return None
         count = len(query.cursor)
         return self._position(tuple(row[:count]), tuple(row[count:]))
+
+    def rows_after(self, after: Position | None, horizon: Horizon, cap: int) -> int:
+        """Rows :meth:`fetch` would still return after ``after``, counting at most ``cap``."""
+        query = self._require_open()
+        self._check_position(after, query)
+        with self._db_errors("count"), self.engine.connect() as conn:
+            return backlog.rows_after(conn, query, after, horizon, params=self._params, cap=cap)
 
     def parse_cursor(self, text: str) -> tuple[KeyValue, ...]:
         """Operator text as cursor values; composite cursors take comma-separated values.

@@ -1,0 +1,150 @@
+"""What a run reports, and the observer that hears about it while it runs.
+
+The engine calls a :class:`RunObserver` at a few points of a run: when it takes the lease, once
+per committed batch, when the handler fails or a commit is rejected, and once when the run ends
+(every run, including ``lease_held`` and failed ones). Nothing is measured per row. The default
+observer does nothing; :mod:`azure_functions_db.telemetry` turns the calls into OpenTelemetry
+metrics. An observer that raises never changes the outcome of a run: :func:`guarded` logs the
+first such error and carries on.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from azure_functions_db.core.batch import Batch
+from azure_functions_db.core.logs import log_event
+from azure_functions_db.core.position import Position
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RunReport:
+    """What one run did. ``status`` is ``caught_up``, ``budget_spent`` or ``lease_held``."""
+
+    poller: str
+    namespace: str
+    status: Literal["caught_up", "budget_spent", "lease_held"] = "caught_up"
+    batches: int = 0
+    rows: int = 0
+    fence: int | None = None
+    holder: str | None = None
+    position: Position | None = None
+    null_cursor_rows: int | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+class RunObserver(Protocol):
+    """Hears about one engine's runs. Every method is called on the run's thread and must be
+    quick: it runs between batches (or after the run), never per row."""
+
+    def lease_acquired(self, poller: str, namespace: str, fence: int) -> None:
+        """A run took the lease; ``fence`` is the fencing token it was granted."""
+        ...
+
+    def batch_committed(self, batch: Batch, duration: float) -> None:
+        """``batch`` was acknowledged (its checkpoint commit succeeded).
+
+        ``duration`` is seconds from the start of the batch (horizon, fetch) to the commit.
+        """
+        ...
+
+    def handler_failed(self, batch: Batch, attempt: int) -> None:
+        """The handler raised on ``batch``; ``attempt`` counts the failures at this position.
+
+        When it reaches ``max_attempts`` the run then ends with ``PoisonBatchError``.
+        """
+        ...
+
+    def commit_rejected(self, batch: Batch) -> None:
+        """The commit of ``batch`` lost its compare-and-set: another writer holds the poller."""
+        ...
+
+    def run_finished(self, report: RunReport, duration: float, error: BaseException | None) -> None:
+        """The run ended after ``duration`` seconds.
+
+        ``report`` is what the run returned, or as far as it got when ``error`` (the exception
+        that ended it) is set. ``LeaseLostError`` (``FenceBehindCheckpointError`` is one) and
+        ``CheckpointConflictError`` mean the lease went to another owner.
+        """
+        ...
+
+
+class NullObserver:
+    """The default :class:`RunObserver`: hears everything, does nothing."""
+
+    def lease_acquired(self, poller: str, namespace: str, fence: int) -> None:
+        """Do nothing."""
+
+    def batch_committed(self, batch: Batch, duration: float) -> None:
+        """Do nothing."""
+
+    def handler_failed(self, batch: Batch, attempt: int) -> None:
+        """Do nothing."""
+
+    def commit_rejected(self, batch: Batch) -> None:
+        """Do nothing."""
+
+    def run_finished(self, report: RunReport, duration: float, error: BaseException | None) -> None:
+        """Do nothing."""
+
+
+class _Guarded:
+    """Passes every call on to ``inner``; an error there is logged once, never raised.
+
+    Metrics must not decide whether a batch is acknowledged, nor hide the error of a run.
+    """
+
+    def __init__(self, inner: RunObserver) -> None:
+        self.inner = inner
+        self._warned = False
+
+    def lease_acquired(self, poller: str, namespace: str, fence: int) -> None:
+        try:
+            self.inner.lease_acquired(poller, namespace, fence)
+        except Exception as exc:  # noqa: BLE001 - an observer never breaks a run
+            self._failed("lease_acquired", exc)
+
+    def batch_committed(self, batch: Batch, duration: float) -> None:
+        try:
+            self.inner.batch_committed(batch, duration)
+        except Exception as exc:  # noqa: BLE001
+            self._failed("batch_committed", exc)
+
+    def handler_failed(self, batch: Batch, attempt: int) -> None:
+        try:
+            self.inner.handler_failed(batch, attempt)
+        except Exception as exc:  # noqa: BLE001
+            self._failed("handler_failed", exc)
+
+    def commit_rejected(self, batch: Batch) -> None:
+        try:
+            self.inner.commit_rejected(batch)
+        except Exception as exc:  # noqa: BLE001
+            self._failed("commit_rejected", exc)
+
+    def run_finished(self, report: RunReport, duration: float, error: BaseException | None) -> None:
+        try:
+            self.inner.run_finished(report, duration, error)
+        except Exception as exc:  # noqa: BLE001
+            self._failed("run_finished", exc)
+
+    def _failed(self, event: str, exc: Exception) -> None:
+        level = logging.DEBUG if self._warned else logging.WARNING
+        self._warned = True
+        log_event(
+            logger,
+            level,
+            "observer_failed",
+            observer=type(self.inner).__name__,
+            event=event,
+            error=f"{type(exc).__name__}: {exc}",
+        )
+
+
+def guarded(observer: RunObserver | None) -> RunObserver:
+    """``observer`` wrapped so that its errors are logged, not raised; a no-op for ``None``."""
+    return NullObserver() if observer is None else _Guarded(observer)
