@@ -11,6 +11,7 @@ import datetime as dt
 import hashlib
 import math
 import re
+import urllib.parse
 import zoneinfo
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -174,6 +175,54 @@ def parse_url(text: str, table: str) -> sa.URL:
         ) from None
 
 
+# Secrets in a URL beyond its password: query parameters with these names, and the values of
+# `PWD=`/`Password=` in an ODBC connection string passed whole as `odbc_connect=` (pyodbc).
+_SECRET_KEYS = frozenset({"password", "pwd"})
+_ODBC_SECRET = re.compile(r"(?i)((?:^|;)\s*(?:pwd|password)\s*=\s*)(\{(?:[^}]|\}\})*\}|[^;]*)")
+_MASK = "***"
+
+
+def render_masked(url: sa.URL) -> str:
+    """``url`` as text with its password, secret query parameters and ODBC ``PWD`` masked."""
+    query: dict[str, str | tuple[str, ...]] = {}
+    for key, value in url.query.items():
+        values = (value,) if isinstance(value, str) else value
+        if key.lower() in _SECRET_KEYS:
+            values = tuple(_MASK for _ in values)
+        elif key.lower() == "odbc_connect":
+            values = tuple(_ODBC_SECRET.sub(rf"\g<1>{_MASK}", v) for v in values)
+        query[key] = values[0] if len(values) == 1 else values
+    text = url.set(query=query).render_as_string(hide_password=True)
+    return text.replace("%2A%2A%2A", _MASK)
+
+
+def url_secrets(url: sa.URL) -> tuple[str, ...]:
+    """Every secret of ``url`` in each form it may take in a driver's message, longest first.
+
+    Raw, URL-encoded (``quote_plus`` and ``quote``), and as an ODBC connection string writes it
+    (a braced value doubles its ``}``), so a message that repeats a URL or connection string
+    can be scrubbed.
+    """
+    values = [url.password] if url.password else []
+    for key, value in url.query.items():
+        for item in (value,) if isinstance(value, str) else value:
+            if key.lower() in _SECRET_KEYS:
+                values.append(item)
+            elif key.lower() == "odbc_connect":
+                for match in _ODBC_SECRET.finditer(item):
+                    secret = match.group(2).strip()
+                    if secret.startswith("{") and secret.endswith("}"):
+                        secret = secret[1:-1].replace("}}", "}")
+                    values.append(secret)
+    forms: set[str] = set()
+    for value in filter(None, values):
+        for written in (value, value.replace("}", "}}")):
+            forms.update(
+                (written, urllib.parse.quote_plus(written), urllib.parse.quote(written, safe=""))
+            )
+    return tuple(sorted(forms, key=len, reverse=True))
+
+
 def masked_url(template: str) -> str:
     """``template`` with any literal password masked, placeholders shown as written."""
     settings = PLACEHOLDER.findall(template)
@@ -182,7 +231,7 @@ def masked_url(template: str) -> str:
     for token, placeholder in tokens.items():
         text = text.replace(placeholder, token, 1)
     try:
-        text = sa.make_url(text).render_as_string(hide_password=True)
+        text = render_masked(sa.make_url(text))
     except (sa_exc.ArgumentError, ValueError):
         if set(PLACEHOLDER.sub("", template).strip()) - {""}:
             return "<database url>"

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal
@@ -226,13 +225,8 @@ class SqlSource:
             ),
             self._qualified,
         )
-        self._masked_url = url.render_as_string(hide_password=True)
-        password = url.password
-        self._secrets = (
-            (password, urllib.parse.quote_plus(password), urllib.parse.quote(password, safe=""))
-            if password
-            else ()
-        )
+        self._masked_url = config.render_masked(url)
+        self._secrets = config.url_secrets(url)
         engine = self._create_engine(url)
         try:
             with self._db_errors("reflect"), engine.connect() as conn:
