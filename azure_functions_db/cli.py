@@ -75,6 +75,17 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("app")
     validate.add_argument("--poller", action="append", help="only this poller (repeatable)")
     validate.add_argument("--json", action="store_true", help="stable JSON output for scripts")
+
+    backfill = add("backfill", "replay a poller's history on Spark, then hand off to live polling")
+    backfill.add_argument("app")
+    backfill.add_argument("--poller", required=True)
+    backfill.add_argument("--from", dest="start", help="only rows with cursor >= this value")
+    backfill.add_argument("--to", dest="end", help="only rows with cursor < this value")
+    backfill.add_argument("--partitions", type=int, help="most chunks (Spark tasks) to plan")
+    backfill.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+    backfill.add_argument("--namespace", default="backfill", help="checkpoint namespace")
+    backfill.add_argument("--run-id", help="names the run; rerun with the same id to resume")
+    backfill.add_argument("--json", action="store_true", help="one JSON report for scripts")
     return parser
 
 
@@ -94,6 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "status": _status,
             "seek": _seek,
             "validate": _validate,
+            "backfill": _backfill,
         }[args.command]
         return handler(args, console)
     except ConfigurationError as exc:
@@ -169,10 +181,13 @@ def _run(args: argparse.Namespace, console: Console) -> int:
 
 
 def _status(args: argparse.Namespace, console: Console) -> int:
-    from azure_functions_db.operations import poller_status
+    from azure_functions_db.operations import backfill_statuses, poller_status
 
     settings = dict(os.environ)
-    statuses = [poller_status(p, settings) for p in _select(args.app, args.poller)]
+    statuses = []
+    for definition in _select(args.app, args.poller):
+        statuses.append(poller_status(definition, settings))
+        statuses.extend(backfill_statuses(definition, settings))
     if args.json:
         sys.stdout.write(json.dumps([s.to_json() for s in statuses], indent=2) + "\n")
     else:
@@ -195,7 +210,7 @@ def _status(args: argparse.Namespace, console: Console) -> int:
             table.add_row(
                 s.poller,
                 s.namespace,
-                "ERROR: " + s.error if s.error else str(s.position or "(beginning)"),
+                "ERROR: " + s.error if s.error else s.detail or str(s.position or "(beginning)"),
                 "-" if s.fence is None else str(s.fence),
                 lease,
                 s.committed_at.isoformat(timespec="seconds") if s.committed_at else "-",
@@ -282,6 +297,12 @@ def _validate(args: argparse.Namespace, console: Console) -> int:
             style="red" if errors else "yellow" if warnings else "green",
         )
     return EXIT_FAILED if any(not r.ok for r in results) else EXIT_OK
+
+
+def _backfill(args: argparse.Namespace, console: Console) -> int:
+    from azure_functions_db.spark.backfill_cli import run_backfill_command
+
+    return run_backfill_command(args, console, _stderr())
 
 
 if __name__ == "__main__":  # pragma: no cover

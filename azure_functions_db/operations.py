@@ -42,10 +42,11 @@ class PollerStatus:
     batches: int
     rows: int
     error: str | None = None
+    detail: str | None = None  # a backfill run: its phase, chunks and handoff bound
 
     def to_json(self) -> dict[str, Any]:
         """A stable, JSON-ready form for scripts (keys never renamed, only added)."""
-        return {
+        doc: dict[str, Any] = {
             "poller": self.poller,
             "namespace": self.namespace,
             "store": self.store,
@@ -63,6 +64,9 @@ class PollerStatus:
             "stats": {"batches": self.batches, "rows": self.rows},
             "error": self.error,
         }
+        if self.detail is not None:  # backfill runs only: pollers' documents keep their keys
+            doc["detail"] = self.detail
+        return doc
 
 
 def poller_status(definition: PollerDefinition, settings: Mapping[str, str]) -> PollerStatus:
@@ -103,6 +107,45 @@ def poller_status(definition: PollerDefinition, settings: Mapping[str, str]) -> 
         batches=cp.stats.batches if cp else 0,
         rows=cp.stats.rows if cp else 0,
     )
+
+
+def backfill_statuses(
+    definition: PollerDefinition, settings: Mapping[str, str]
+) -> list[PollerStatus]:
+    """The backfill runs of a poller found in its state store (any namespace but its own)."""
+    from azure_functions_db.spark.records import RunRecord
+
+    store = definition.store(settings)
+    prefix = definition.name + "."
+    statuses: list[PollerStatus] = []
+    for key in store.list_keys():
+        rest = key.poller.removeprefix(prefix)
+        if key.namespace == definition.config.namespace or rest == key.poller or "." in rest:
+            continue
+        stored = store.read(key)
+        record = RunRecord.from_checkpoint(stored.checkpoint) if stored else None
+        if stored is None or record is None:
+            continue
+        cp = stored.checkpoint
+        statuses.append(
+            PollerStatus(
+                poller=key.poller,
+                namespace=key.namespace,
+                store=store.describe(),
+                position=cp.position,
+                fence=cp.fence,
+                lease_state="free",
+                lease_holder=None,
+                lease_fence=0,
+                committed_at=cp.committed_at,
+                attempts=0,
+                last_error=None,
+                batches=cp.stats.batches,
+                rows=cp.stats.rows,
+                detail=record.describe(),
+            )
+        )
+    return statuses
 
 
 SeekTarget = Literal["beginning", "now", "cursor"]

@@ -1,0 +1,201 @@
+"""One chunk of a backfill: the normal engine over a bounded view of the poller's source.
+
+A chunk is run by :class:`~azure_functions_db.core.engine.Engine` exactly as a live poller is:
+lease (a new fence per attempt) -> fence the chunk's checkpoint -> (fetch -> the poller's own
+handler -> compare-and-set commit)* -> release. So a retried or speculative Spark attempt of the
+chunk cannot commit over a newer attempt: the newer one fenced the checkpoint, the older one's
+commit fails on the etag. The only differences from live polling are the source view
+(:class:`BoundedSource`: rows after the chunk's start up to its end) and the poller name and
+namespace of the checkpoint. This module imports no pyspark: it is what a Spark task calls.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from azure_functions_db.core.checkpoint import PollerKey, SourceDescription, StaleFenceError
+from azure_functions_db.core.engine import Engine
+from azure_functions_db.core.logs import log_event
+from azure_functions_db.core.position import KeyValue, Position
+from azure_functions_db.errors import FenceBehindCheckpointError, SourceError
+from azure_functions_db.poller import PollerDefinition, default_owner
+from azure_functions_db.ports import Horizon, Source, SourceHealth, SourceRow, StateStore
+from azure_functions_db.spark.records import ChunkRange, chunk_key, chunk_range
+
+logger = logging.getLogger(__name__)
+
+#: The horizon of a chunk: none. Every row at or below the handoff bound H0 was below the live
+#: poller's horizon when H0 was committed (or computed, when seeding), so it is committed.
+BACKFILL_HORIZON = Horizon(bound=None, method="backfill", detail="rows up to H0 are committed")
+
+
+class BoundedSource:
+    """The rows of ``inner`` up to and including ``end`` (a :class:`~ports.Source`).
+
+    ``fetch`` reads a batch from ``inner`` and drops the rows after ``end``; the batch that
+    crosses ``end`` is short, which ends the engine's run as caught up. The cost is at most one
+    batch of rows read past the end per chunk. ``check`` is done once by the backfill driver,
+    not per chunk.
+    """
+
+    def __init__(self, inner: Source, end: Position) -> None:
+        self.inner = inner
+        self.end = end
+
+    @property
+    def description(self) -> SourceDescription:
+        return self.inner.description
+
+    def open(self, settings: Mapping[str, str]) -> None:
+        self.inner.open(settings)
+
+    def horizon(self) -> Horizon:
+        return BACKFILL_HORIZON
+
+    def fetch(self, after: Position | None, limit: int, horizon: Horizon) -> Sequence[SourceRow]:
+        rows = self.inner.fetch(after, limit, horizon)
+        if rows and rows[-1].position > self.end:
+            keep = bisect.bisect_right([r.position for r in rows], self.end)
+            return rows[:keep]
+        return rows
+
+    def latest(self, horizon: Horizon) -> Position | None:
+        return self.inner.latest(horizon)
+
+    def parse_cursor(self, text: str) -> tuple[KeyValue, ...]:
+        return self.inner.parse_cursor(text)
+
+    def check(self) -> SourceHealth:
+        return SourceHealth()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+@dataclass(frozen=True)
+class ChunkResult:
+    """What one chunk task did (returned to the driver)."""
+
+    index: int
+    status: str  # "done": ran to its end now; "skipped": it was finished already
+    rows: int = 0
+    batches: int = 0
+    runs: int = 0
+    attempt: int = 0
+    seconds: float = 0.0
+
+
+def run_chunk(
+    definition: PollerDefinition,
+    store: StateStore,
+    settings: Mapping[str, str],
+    *,
+    namespace: str,
+    run_id: str,
+    index: int,
+    attempt: int = 0,
+    owner: str | None = None,
+    heartbeat_interval: float | None = None,
+) -> ChunkResult:
+    """Run chunk ``index`` of a planned run to its end; return what it delivered.
+
+    Engine runs repeat until the chunk is caught up (a run ends when the poller's time budget is
+    spent); while another attempt holds the chunk's lease this waits for it. Raises what the
+    engine raises (handler failure, lost lease, infrastructure), leaving the chunk resumable.
+    """
+    began = time.monotonic()
+    key = chunk_key(namespace, definition.name, run_id, index)
+    chunk = _chunk_of(store, key.poller, namespace)
+    result = ChunkResult(index=index, status="skipped", attempt=attempt)
+    stored = store.read(key)
+    if stored is not None and chunk.finished(stored.checkpoint):
+        return result
+    config = dataclasses.replace(definition.config, name=key.poller, namespace=namespace)
+    engine = Engine(
+        config,
+        BoundedSource(definition.source, chunk.end),
+        store,
+        definition.handler,
+        definition.clock,
+        owner=owner or f"backfill:{default_owner()}:attempt{attempt}",
+        heartbeat_interval=heartbeat_interval,
+    )
+    rows = batches = runs = 0
+    while True:
+        report = engine.run(settings)
+        rows, batches, runs = rows + report.rows, batches + report.batches, runs + 1
+        if report.status == "lease_held":
+            stored = store.read(key)
+            if stored is not None and chunk.finished(stored.checkpoint):
+                break
+            definition.clock.sleep(min(1.0, config.lease_duration / 3))
+        elif report.status == "caught_up" and _mark_finished(store, engine, chunk):
+            break
+    log_event(
+        logger,
+        logging.INFO,
+        "backfill_chunk_done",
+        poller=key.poller,
+        namespace=namespace,
+        rows=rows,
+        batches=batches,
+        attempt=attempt,
+    )
+    return dataclasses.replace(
+        result,
+        status="done",
+        rows=rows,
+        batches=batches,
+        runs=runs,
+        seconds=time.monotonic() - began,
+    )
+
+
+def _chunk_of(store: StateStore, name: str, namespace: str) -> ChunkRange:
+    stored = store.read(PollerKey(namespace=namespace, poller=name))
+    chunk = chunk_range(stored.checkpoint) if stored is not None else None
+    if chunk is None:
+        raise SourceError(
+            f"Backfill chunk `{namespace}/{name}` has no planned range in the state store "
+            f"({store.describe()}): the run was not planned there. Start the backfill from "
+            "its driver (`afdb backfill`), which plans the chunks first."
+        )
+    return chunk
+
+
+def _mark_finished(store: StateStore, engine: Engine, chunk: ChunkRange) -> bool:
+    """Move the chunk's checkpoint to the end of its range, under its lease: the done marker.
+
+    The last row of the range may have moved above H0 (updated) or been deleted, so the last
+    committed position can be short of ``end``; the marker makes "finished" a plain position
+    comparison. Returns ``False`` if another attempt holds the lease (the caller retries).
+    """
+    cfg = engine.config
+    grant = store.acquire(cfg.key, engine.owner, cfg.lease_duration)
+    if grant is None:
+        return False
+    try:
+        stored = store.read(cfg.key)
+        assert stored is not None
+        current = stored.checkpoint
+        if chunk.finished(current):
+            return True
+        try:
+            claimed = current.fenced(grant.fence)
+        except StaleFenceError as exc:
+            raise FenceBehindCheckpointError(
+                cfg.name, cfg.namespace, grant.fence, exc.stored
+            ) from exc
+        etag = store.replace(claimed, stored.etag)
+        moved = claimed.advanced(
+            chunk.end, fence=grant.fence, at=engine.clock.now(), rows=0, source=None
+        )
+        store.replace(dataclasses.replace(moved, stats=claimed.stats), etag)
+        return True
+    finally:
+        store.release(grant)

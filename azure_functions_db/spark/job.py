@@ -1,0 +1,431 @@
+"""The backfill driver: plan on the driver, one Spark task per chunk, progress, final report.
+
+Usable from ``afdb backfill``, ``spark-submit`` and a Databricks/Synapse notebook (pass the
+notebook's ``spark`` session). See ``docs/backfill.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import os
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from azure_functions_db.core.logs import log_event
+from azure_functions_db.core.position import KeyValue, Position
+from azure_functions_db.errors import AfdbError, ConfigurationError
+from azure_functions_db.poller import STATE_DIR_SETTING, PollerDefinition
+from azure_functions_db.ports import StateStore
+from azure_functions_db.spark.chunk import ChunkResult
+from azure_functions_db.spark.plan import parse_bounds, prepare_run
+from azure_functions_db.spark.records import ChunkRange, RunRecord, check_run_id, chunk_key
+from azure_functions_db.spark.task import ChunkTask, app_settings, run_chunk_task
+
+logger = logging.getLogger(__name__)
+
+
+class BackfillError(AfdbError):
+    """A backfill's Spark job failed; finished chunks keep their checkpoints.
+
+    Fix the cause (the message names the first error a task raised) and rerun with the same
+    ``--run-id``: finished chunks are skipped, the others resume from their checkpoints.
+    """
+
+
+@dataclass(frozen=True)
+class BackfillProgress:
+    """A snapshot of a running backfill, as the driver sees it in the state store."""
+
+    run_id: str
+    rows_done: int
+    rows_estimated: int
+    chunks_done: int
+    chunks_total: int
+    elapsed: float
+    rate: float
+    eta: float | None
+    final: bool = False
+
+
+@dataclass(frozen=True)
+class BackfillReport:
+    """The final report of a backfill run (``--json`` prints :meth:`to_json`)."""
+
+    poller: str
+    namespace: str
+    run_id: str
+    store: str
+    h0: Position | None
+    start: Position | None
+    end: Position | None
+    chunks: int
+    chunks_run: int
+    chunks_skipped: int
+    rows: int
+    rows_total: int
+    rows_estimated: int
+    batches: int
+    retries: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """A stable, JSON-ready form for scripts (keys never renamed, only added)."""
+
+        def pos(p: Position | None) -> dict[str, Any] | None:
+            return p.to_json() if p else None
+
+        return {
+            "poller": self.poller,
+            "namespace": self.namespace,
+            "run_id": self.run_id,
+            "status": "finished",
+            "store": self.store,
+            "h0": pos(self.h0),
+            "h0_text": str(self.h0) if self.h0 else None,
+            "range": {"from": pos(self.start), "to": pos(self.end)},
+            "chunks": self.chunks,
+            "chunks_run": self.chunks_run,
+            "chunks_skipped": self.chunks_skipped,
+            "rows": self.rows,
+            "rows_total": self.rows_total,
+            "rows_estimated": self.rows_estimated,
+            "batches": self.batches,
+            "retries": self.retries,
+            "seconds": round(self.seconds, 3),
+            "rows_per_second": round(self.rate, 1),
+        }
+
+
+ProgressCallback = Callable[[BackfillProgress], None]
+
+
+def backfill(
+    app: str | os.PathLike[str] | PollerDefinition,
+    poller: str | None = None,
+    *,
+    start: str | Sequence[KeyValue] | None = None,
+    end: str | Sequence[KeyValue] | None = None,
+    partitions: int | None = None,
+    master: str = "local[*]",
+    namespace: str = "backfill",
+    run_id: str | None = None,
+    spark: Any = None,
+    settings: Mapping[str, str] | None = None,
+    progress: ProgressCallback | None = None,
+    progress_interval: float = 1.0,
+) -> BackfillReport:
+    """Replay a poller's history on Spark through its own handler, then hand off to live polling.
+
+    Args:
+        app: ``function_app.py`` (or its folder, or ``module[:attr]``) that executors can import
+            too, or a ``PollerDefinition`` defined in such a module.
+        poller: The poller's name (optional when the app defines one poller).
+        start: Only rows whose cursor is at or after this value (text is parsed like
+            ``afdb seek --cursor``).
+        end: Only rows whose cursor is before this value (exclusive).
+        partitions: Most chunks to plan (one Spark task each); default twice the session's
+            default parallelism.
+        master: Spark master when this call creates the session (ignored with ``spark=``).
+        namespace: Checkpoint namespace of the run and chunk records.
+        run_id: Names the run; rerun with the same id to resume. Default: the UTC start time.
+        spark: An existing ``SparkSession`` (a notebook's), used and left running.
+        settings: App settings (``%NAME%`` values), default the environment; shipped to the
+            executors, which set them as environment variables before importing the app.
+        progress: Called on the driver about every ``progress_interval`` seconds and once at the
+            end with a :class:`BackfillProgress`.
+
+    Returns the final :class:`BackfillReport`; raises :class:`BackfillError` when a chunk task
+    failed (rerun with the same ``run_id`` to resume).
+    """
+    began = time.monotonic()
+    env = dict(os.environ if settings is None else settings)
+    spec, definition = _resolve(app, poller)
+    loaded_here = not isinstance(app, PollerDefinition)
+    if namespace == definition.config.namespace:
+        raise ConfigurationError(
+            f"`namespace={namespace!r}` is the live poller's own namespace: a backfill needs a "
+            'separate one (the default is "backfill").'
+        )
+    dataclasses.replace(definition.config, namespace=namespace)  # validates the name
+    run_id = check_run_id(run_id or dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ"))
+    default_store = definition.state is None
+    store = definition.store(env)
+    root = getattr(store, "root", None)
+    if default_store and isinstance(root, Path):
+        env[STATE_DIR_SETTING] = str(root)  # executors must find the same directory
+    source = definition.source
+    source.open(env)
+    source.check()
+    session, owned = _session(spark, master)
+    try:
+        context = session.sparkContext
+        partitions = partitions or 2 * int(context.defaultParallelism)
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+            raise ConfigurationError(f"`partitions={partitions!r}` must be a positive integer.")
+        lo, hi = parse_bounds(source, start, end)
+        from azure_functions_db.operations import operator_identity
+
+        record, chunks = prepare_run(
+            definition,
+            store,
+            namespace=namespace,
+            run_id=run_id,
+            start=lo,
+            end=hi,
+            partitions=partitions,
+            by=f"afdb-backfill:{operator_identity()}",
+            now=definition.clock.now(),
+        )
+        pending = [c for c in chunks if not _finished(store, record, c)]
+        log_event(
+            logger,
+            logging.INFO,
+            "backfill_start",
+            poller=definition.name,
+            namespace=namespace,
+            run=run_id,
+            h0=record.h0,
+            chunks=len(chunks),
+            pending=len(pending),
+        )
+        watcher = _Watcher(store, record, chunks, progress, progress_interval)
+        shipped = tuple(sorted(app_settings(env).items()))
+        tasks = [
+            ChunkTask(spec, definition.name, namespace, run_id, c.index, shipped) for c in pending
+        ]
+        results = _run_tasks(context, tasks, watcher, run_id)
+        rows_total, batches = _finish(store, record, definition.clock.now())
+    finally:
+        if owned:
+            session.stop()
+        if loaded_here:
+            source.close()  # the driver's connections; executors keep their own
+    report = BackfillReport(
+        poller=definition.name,
+        namespace=namespace,
+        run_id=run_id,
+        store=store.describe(),
+        h0=record.h0,
+        start=record.start,
+        end=record.end,
+        chunks=len(chunks),
+        chunks_run=len(results),
+        chunks_skipped=len(chunks) - len(results),
+        rows=sum(r.rows for r in results),
+        rows_total=rows_total,
+        rows_estimated=record.estimate,
+        batches=batches,
+        retries=sum(r.attempt for r in results),
+        seconds=time.monotonic() - began,
+    )
+    if progress is not None:
+        progress(watcher.snapshot(final=True))
+    log_event(
+        logger,
+        logging.INFO,
+        "backfill_done",
+        poller=definition.name,
+        namespace=namespace,
+        run=run_id,
+        rows=report.rows,
+        chunks=report.chunks,
+        seconds=f"{report.seconds:.1f}",
+    )
+    return report
+
+
+def _run_tasks(
+    context: Any, tasks: list[ChunkTask], watcher: _Watcher, run_id: str
+) -> list[ChunkResult]:
+    """One Spark task per chunk; progress polled from the state store meanwhile."""
+    if not tasks:
+        return []
+    watcher.start()
+    try:
+        results: list[ChunkResult] = (
+            context.parallelize(tasks, len(tasks)).map(run_chunk_task).collect()
+        )
+    except Exception as exc:  # Py4J/Spark errors carry the task's error in their text
+        raise BackfillError(_task_error(run_id, exc)) from exc
+    finally:
+        watcher.stop()
+    return results
+
+
+def _resolve(
+    app: str | os.PathLike[str] | PollerDefinition, poller: str | None
+) -> tuple[str, PollerDefinition]:
+    """The importable app spec for the executors, and the poller's definition on the driver."""
+    from azure_functions_db.loader import load_pollers
+
+    if isinstance(app, PollerDefinition):
+        module = sys.modules.get(getattr(app.handler, "__module__", "") or "")
+        path = getattr(module, "__file__", None)
+        if module is None or module.__name__ == "__main__" or path is None:
+            raise ConfigurationError(
+                f"Poller `{app.name}` is defined in `__main__` (a notebook or script), which "
+                "Spark executors cannot import: define it in a module or function_app.py and "
+                "pass that path to backfill()."
+            )
+        return str(Path(path).resolve()), app
+    text = os.fspath(app)
+    module_part, colon, attr = text.partition(":")
+    spec = text
+    if Path(module_part).exists():
+        spec = str(Path(module_part).resolve()) + colon + attr
+    pollers = load_pollers(spec)
+    if poller is None:
+        if len(pollers) != 1:
+            raise ConfigurationError(
+                f"`{text}` defines {len(pollers)} pollers ({', '.join(sorted(pollers))}): "
+                "name one with `--poller`."
+            )
+        (poller,) = pollers
+    if poller not in pollers:
+        raise ConfigurationError(
+            f"Unknown poller `{poller}` in `{text}`; defined: {', '.join(sorted(pollers))}"
+        )
+    return spec, pollers[poller]
+
+
+def _session(spark: Any, master: str) -> tuple[Any, bool]:
+    """The session to use, and whether this call created it (and must stop it)."""
+    if spark is not None:
+        return spark, False
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError as exc:
+        raise ConfigurationError(
+            "The backfill runs on Spark, which needs the `spark` extra: "
+            "`pip install 'azure-functions-db[spark]'` (and Java 17)."
+        ) from exc
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active, False
+    if master.startswith("local"):
+        # Executors are local Python workers: the same interpreter (with this package) and the
+        # loopback address (machines whose host name does not resolve).
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    session = (
+        SparkSession.builder.master(master)
+        .appName("afdb-backfill")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
+    return session, True
+
+
+def _finished(store: StateStore, record: RunRecord, chunk: ChunkRange) -> bool:
+    stored = store.read(chunk_key(record.namespace, record.poller, record.run_id, chunk.index))
+    return stored is not None and chunk.finished(stored.checkpoint)
+
+
+def _finish(store: StateStore, record: RunRecord, now: dt.datetime) -> tuple[int, int]:
+    """Mark the run finished in its record (once); return rows and batches over every chunk."""
+    rows = batches = 0
+    for index in range(record.chunks):
+        stored = store.read(chunk_key(record.namespace, record.poller, record.run_id, index))
+        if stored is not None:
+            rows += stored.checkpoint.stats.rows
+            batches += stored.checkpoint.stats.batches
+    current = store.read(record.key)
+    if current is not None and record.phase != "finished":
+        done = dataclasses.replace(
+            record, phase="finished", finished_at=now, rows=rows, batches=batches
+        )
+        store.replace(done.to_checkpoint(current.checkpoint.source), current.etag)
+    return rows, batches
+
+
+_PY_ERROR = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception): .+$", re.MULTILINE)
+
+
+def _task_error(run_id: str, exc: BaseException) -> str:
+    """The first line of the task's own Python error inside a Spark/Py4J error text."""
+    text = str(exc)
+    ours = [m for m in _PY_ERROR.findall(text) if "azure_functions_db" in m]
+    lines = ours or [m for m in _PY_ERROR.findall(text) if "Py4J" not in m]
+    detail = (lines[-1] if lines else text.strip().splitlines()[0] if text.strip() else "")[:500]
+    return (
+        f"Backfill run `{run_id}` failed in a chunk task: {detail}. Finished chunks keep their "
+        f"checkpoints; rerun with `--run-id {run_id}` to resume."
+    )
+
+
+class _Watcher:
+    """Polls the chunk checkpoints from the driver while the Spark job runs."""
+
+    def __init__(
+        self,
+        store: StateStore,
+        record: RunRecord,
+        chunks: Sequence[ChunkRange],
+        callback: ProgressCallback | None,
+        interval: float,
+    ) -> None:
+        self._store, self._record, self._chunks = store, record, list(chunks)
+        self._callback, self._interval = callback, interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._began = time.monotonic()
+        self._rows_at_start: int | None = None
+
+    def start(self) -> None:
+        self._began = time.monotonic()
+        self._rows_at_start = self.snapshot().rows_done
+        if self._callback is None:
+            return
+        self._thread = threading.Thread(target=self._loop, name="afdb-backfill-progress")
+        self._thread.daemon = True
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _loop(self) -> None:
+        assert self._callback is not None
+        while not self._stop.wait(self._interval):
+            try:
+                self._callback(self.snapshot())
+            except Exception as exc:  # noqa: BLE001 - progress must never stop the backfill
+                log_event(logger, logging.WARNING, "backfill_progress_failed", error=repr(exc))
+
+    def snapshot(self, *, final: bool = False) -> BackfillProgress:
+        rows = done = 0
+        r = self._record
+        for chunk in self._chunks:
+            stored = self._store.read(chunk_key(r.namespace, r.poller, r.run_id, chunk.index))
+            if stored is not None:
+                rows += stored.checkpoint.stats.rows
+                done += chunk.finished(stored.checkpoint)
+        elapsed = time.monotonic() - self._began
+        fresh = rows - (self._rows_at_start if self._rows_at_start is not None else rows)
+        rate = fresh / elapsed if elapsed > 0 else 0.0
+        left = max(0, r.estimate - rows)
+        eta = 0.0 if final or left == 0 else (left / rate if rate > 0 else None)
+        return BackfillProgress(
+            run_id=r.run_id,
+            rows_done=rows,
+            rows_estimated=max(r.estimate, rows),
+            chunks_done=done,
+            chunks_total=len(self._chunks),
+            elapsed=elapsed,
+            rate=rate,
+            eta=eta,
+            final=final,
+        )
