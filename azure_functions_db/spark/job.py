@@ -314,17 +314,19 @@ def _session(spark: Any, master: str) -> tuple[Any, bool]:
     active = SparkSession.getActiveSession()
     if active is not None:
         return active, False
-    if master.startswith("local"):
+    # Under spark-submit (which starts this Python with a gateway to its JVM) its --master wins.
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ
+    if master.startswith("local") and not submitted:
         # Executors are local Python workers: the same interpreter (with this package) and the
         # loopback address (machines whose host name does not resolve).
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    session = (
-        SparkSession.builder.master(master)
-        .appName("afdb-backfill")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
+    builder = SparkSession.builder.appName("afdb-backfill").config(
+        "spark.ui.showConsoleProgress", "false"
     )
+    if not submitted:
+        builder = builder.master(master)
+    session = builder.getOrCreate()
     return session, True
 
 
