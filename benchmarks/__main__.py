@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from benchmarks import registry, report
+from benchmarks import pg_fixture, registry, report
 from benchmarks.harness import Benchmark, BenchmarkResult, BenchmarkSkipped, Context
 
 FULL_ROWS = 200_000
@@ -34,7 +34,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--only", action="append", metavar="NAME", help="run this benchmark (repeatable)"
     )
-    parser.add_argument("--rows", type=int, help="table size N (overrides --quick)")
+    parser.add_argument(
+        "--rows",
+        type=int,
+        help="table size N of every tier (overrides --quick; PostgreSQL: 1,000,000, quick 100,000)",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="timed repetitions (best is kept)")
     parser.add_argument("--batch-size", type=int, default=1000, help="rows per batch")
     parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
@@ -86,6 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             progress=lambda text: err.print(f"[dim]… {text}[/dim]", highlight=False),
             quick=args.quick,
         )
+        # Tiers whose default N differs (PostgreSQL) follow an explicit --rows only.
+        ctx.memo(pg_fixture.ROWS_MEMO, lambda: args.rows)
         outcomes = [_run_one(benchmark, ctx) for benchmark in chosen]
     results = [result for result, _ in outcomes]
     info = report.RunInfo(

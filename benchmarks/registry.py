@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from benchmarks import (
     azurite_requests,
+    pg_drain,
     sqlite_flatness,
     sqlite_idle,
     sqlite_memory,
@@ -22,6 +23,7 @@ ALL: tuple[Benchmark, ...] = (
     sqlite_idle.BENCHMARK,
     sqlite_memory.BENCHMARK,
     azurite_requests.BENCHMARK,
+    pg_drain.BENCHMARK,
 )
 
 
