@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from azure.identity import DefaultAzureCredential, ManagedIdentityCredential
 
 import azure_functions_db as afdb
 from azure_functions_db.errors import ConfigurationError
-from azure_functions_db.state._azure import resolve_storage
+from azure_functions_db.state._azure import SDK_REQUEST_LOGGER, resolve_storage
 from azure_functions_db.state.blob import BlobStateStore
 from azure_functions_db.state.table import TableStateStore
 
@@ -148,3 +149,13 @@ def test_a_poller_with_only_azurewebjobsstorage_set_needs_no_manual_setup(
     record = store.read(afdb.PollerKey("live", name))
     assert record is not None
     assert record.checkpoint.stats.rows == 7
+
+
+@pytest.mark.parametrize(
+    ("preset", "expected"), [(None, logging.WARNING), (logging.DEBUG, logging.DEBUG)]
+)
+def test_sdk_request_logs_are_quieted_unless_the_app_set_their_level(monkeypatch, preset, expected):
+    logger = logging.getLogger(SDK_REQUEST_LOGGER)
+    monkeypatch.setattr(logger, "level", logging.NOTSET if preset is None else preset)
+    resolve_storage({"AzureWebJobsStorage": "UseDevelopmentStorage=true"}, "AzureWebJobsStorage")
+    assert logger.level == expected

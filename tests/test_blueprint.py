@@ -255,6 +255,10 @@ def test_functions_retry_policy_reaches_the_function_settings(orders, tmp_path):
             r"max_retry_count=0.*from 1 to 10",
         ),
         ({"strategy": "fixed_delay", "max_retry_count": 2}, r"delay_interval=None.*HH:MM:SS"),
+        (  # the worker parses intervals with strptime("%H:%M:%S"), so 24 hours is refused there
+            {"strategy": "fixed_delay", "max_retry_count": 2, "delay_interval": "24:00:00"},
+            r"delay_interval='24:00:00'.*under 24 hours",
+        ),
         (
             {"strategy": "exponential_backoff", "max_retry_count": 2, "minimum_interval": "5s"},
             r"minimum_interval='5s'",

@@ -359,23 +359,22 @@ HORIZON_CASES = [
 
 
 @pytest.fixture
-def utc_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Run with the process in UTC, the zone of the server sessions (see the test below)."""
-    monkeypatch.setenv("TZ", "UTC")
+def far_zone_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Run with the process 14 hours east of UTC, far from every server session's zone."""
+    monkeypatch.setenv("TZ", "Pacific/Kiritimati")
     time.tzset()
     yield
     monkeypatch.undo()
     time.tzset()
 
 
-@pytest.mark.usefixtures("utc_process")
+@pytest.mark.usefixtures("far_zone_process")
 @pytest.mark.parametrize(("dialect", "column"), HORIZON_CASES)
 def test_auto_horizon_is_the_same_as_through_the_native_driver(
     request, opened, caplog, dialect, column
 ):
-    # psqlODBC returns the server clock (timestamptz) naive; the horizon reads a naive value
-    # as the process's local time. The bounds agree only when both are UTC, so this test runs
-    # the process in UTC; docs/databases.md says so.
+    # psqlODBC returns timestamptz naive; the horizon queries therefore read the server clocks
+    # as naive UTC. The process runs 14 hours from UTC so a zone mix-up could not go unseen.
     native: Db = request.getfixturevalue("pg" if dialect == "postgres" else "maria")
     via_odbc: Db = request.getfixturevalue("pg_odbc" if dialect == "postgres" else "maria_odbc")
     with native.engine.begin() as conn:

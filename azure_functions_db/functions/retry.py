@@ -16,7 +16,8 @@ from typing import Literal
 
 from azure_functions_db.errors import ConfigurationError
 
-_INTERVAL = re.compile(r"^(\d{2}):([0-5]\d):([0-5]\d)$")
+# The Python worker reads these with strptime("%H:%M:%S"): hours 00-23 only.
+_INTERVAL = re.compile(r"^([01]\d|2[0-3]):([0-5]\d):([0-5]\d)$")
 _STRATEGIES = ("fixed_delay", "exponential_backoff")
 
 
@@ -67,8 +68,8 @@ class FunctionsRetry:
     def _require(self, field: str, value: str | None) -> None:
         if value is None or not _INTERVAL.match(value):
             raise ConfigurationError(
-                f"`FunctionsRetry({field}={value!r})` must be a duration `HH:MM:SS`, e.g. "
-                f'`{field}="00:00:30"`, with strategy `{self.strategy}`.'
+                f"`FunctionsRetry({field}={value!r})` must be a duration `HH:MM:SS` under 24 "
+                f'hours, e.g. `{field}="00:00:30"`, with strategy `{self.strategy}`.'
             )
 
 

@@ -59,10 +59,12 @@ PG_SNAPSHOT_SQL = sa.text("SELECT pg_snapshot_xmin(pg_current_snapshot())")
 # The clock is read first: a transaction that is not yet listed when pg_stat_activity is read
 # started (up to the settle margin) after it. Autovacuum never writes user rows and sessions of
 # other databases cannot write this table; everything else, idle-in-transaction sessions
-# included, counts. This session's own transaction is left out.
+# included, counts. This session's own transaction is left out. Both instants come back as naive
+# UTC wall-clock times: every driver returns those alike (psqlODBC returns timestamptz naive, in
+# the session's zone, so the aware form would not be portable).
 PG_XACT_START_SQL = sa.text(
-    "SELECT clock_timestamp() AS server_now, "
-    "(SELECT min(a.xact_start) FROM pg_stat_activity AS a "
+    "SELECT clock_timestamp() AT TIME ZONE 'UTC' AS server_now, "
+    "(SELECT min(a.xact_start) AT TIME ZONE 'UTC' FROM pg_stat_activity AS a "
     "WHERE a.xact_start IS NOT NULL AND a.pid <> pg_backend_pid() "
     "AND a.datname = current_database() "
     "AND a.backend_type NOT IN ('autovacuum worker', 'autovacuum launcher')) AS oldest, "
@@ -238,7 +240,9 @@ class PgXactStartHorizon:
         oldest: dt.datetime = row.server_now - self.settle
         if row.oldest is not None:
             oldest = min(oldest, row.oldest)
-        return time_bound(oldest, source.cursor_columns[0], source.cursor_timezone)
+        return time_bound(
+            oldest.replace(tzinfo=dt.UTC), source.cursor_columns[0], source.cursor_timezone
+        )
 
     def __repr__(self) -> str:
         return f"PgXactStartHorizon(settle={self.settle!r})"

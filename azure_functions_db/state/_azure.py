@@ -11,6 +11,7 @@ Nothing here logs or raises a secret: errors name settings, never their values.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
@@ -57,8 +58,21 @@ class StorageTarget:
         return f"StorageTarget(setting={self.setting!r}, account={self.account!r})"
 
 
+# The SDK logs every request and response at INFO on this logger. Under Functions the worker
+# forwards INFO to Application Insights, which would record several lines per storage call.
+SDK_REQUEST_LOGGER = "azure.core.pipeline.policies.http_logging_policy"
+
+
+def quiet_sdk_request_logs() -> None:
+    """Raise the SDK's per-request logger to WARNING unless the app has set its level."""
+    logger = logging.getLogger(SDK_REQUEST_LOGGER)
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.WARNING)
+
+
 def resolve_storage(settings: Mapping[str, str], setting: str) -> StorageTarget:
     """Read ``setting`` (and its ``__`` variants) from ``settings``."""
+    quiet_sdk_request_logs()
     value = (settings.get(setting) or "").strip()
     if value:
         if "=" not in value:
