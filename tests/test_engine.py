@@ -36,7 +36,7 @@ from azure_functions_db.errors import (
 )
 from azure_functions_db.operations import seek
 from azure_functions_db.poller import PollerDefinition
-from azure_functions_db.ports import StateStore
+from azure_functions_db.ports import Horizon, StateStore
 from azure_functions_db.sources.sqlalchemy import SqlSource
 from azure_functions_db.state.local import LocalStateStore
 from azure_functions_db.state.memory import MemoryStateStore
@@ -204,6 +204,78 @@ def test_lease_held_elsewhere_is_a_clean_no_op(orders, store, clock, caplog):
     assert handler.batches == []
     assert "action=lease_held" in caplog.text
     assert "someone-else" in caplog.text
+
+
+class ScriptedHorizonSource(SqlSource):
+    """A real SQLite source whose horizon bounds the test gives in turn (the last one repeats);
+    it counts the horizon calls and records the horizon each fetch was made under."""
+
+    def __init__(self, url: str, bounds: list[dt.datetime]) -> None:
+        super().__init__(url=url, table="orders", cursor="updated_at", pk="id")
+        self.bounds = bounds
+        self.taken: list[Horizon] = []
+        self.fetched_under: list[Horizon] = []
+
+    def horizon(self) -> Horizon:
+        bound = self.bounds[min(len(self.taken), len(self.bounds) - 1)]
+        self.taken.append(Horizon(bound=bound, method="scripted"))
+        return self.taken[-1]
+
+    def fetch(self, after: Any, limit: int, horizon: Horizon) -> Any:
+        self.fetched_under.append(horizon)
+        return super().fetch(after, limit, horizon)
+
+
+def test_backlog_drain_takes_the_horizon_once_per_catch_up_not_per_batch(orders, store, clock):
+    orders.insert(range(1, 201), tie_every=7)
+    source = ScriptedHorizonSource(orders.url, [T0 + dt.timedelta(hours=1)])
+    handler = Recorder()
+    engine = Engine(
+        PollerConfig(name="orders", batch_size=4), source, store, handler, clock, owner="x"
+    )
+    report = engine.run(SETTINGS)
+    assert handler.ids == list(range(1, 201))
+    assert report.status == "caught_up"
+    # 50 full batches under the first bound; the empty read after them was under that kept bound,
+    # so a fresh one is taken and read under before the run calls itself caught up.
+    assert len(source.taken) == 2
+    assert len(source.fetched_under) == 52
+    assert all(h is source.taken[0] for h in source.fetched_under[:51])
+    assert source.fetched_under[51] is source.taken[1]
+
+
+def test_short_batch_under_a_kept_bound_takes_a_fresh_one_and_the_run_goes_on(orders, store, clock):
+    orders.insert(range(1, 11), tie_every=1)  # row i has cursor T0 + i s
+    # The first bound lets rows 1-6 through; by the time it is taken again, every row may go.
+    first, later = T0 + dt.timedelta(seconds=7), T0 + dt.timedelta(hours=1)
+    source = ScriptedHorizonSource(orders.url, [first, later])
+    handler = Recorder()
+    engine = Engine(
+        PollerConfig(name="orders", batch_size=4), source, store, handler, clock, owner="x"
+    )
+    report = engine.run(SETTINGS)
+    # Batch 2 came back short (rows 5-6) under the kept first bound: not caught up, since rows
+    # 7-10 were waiting above it. Only the empty read under a fresh bound ends the run.
+    assert [len(b) for b in handler.batches] == [4, 2, 4]
+    assert handler.ids == list(range(1, 11))
+    assert report.status == "caught_up"
+    assert [h.bound for h in source.fetched_under] == [first, first, later, later, later]
+    t = source.taken  # each read under the horizon taken last before it, none taken per batch
+    assert [id(h) for h in source.fetched_under] == [id(x) for x in (t[0], t[0], t[1], t[1], t[2])]
+    assert stored(store).position.pk == (10,)
+
+
+def test_short_batch_under_a_fresh_bound_ends_the_run(orders, store, clock):
+    orders.insert(range(1, 11), tie_every=1)
+    source = ScriptedHorizonSource(orders.url, [T0 + dt.timedelta(seconds=3)])
+    handler = Recorder()
+    engine = Engine(
+        PollerConfig(name="orders", batch_size=4), source, store, handler, clock, owner="x"
+    )
+    report = engine.run(SETTINGS)
+    assert handler.ids == [1, 2]  # rows at or above the bound wait for a later run
+    assert report.status == "caught_up"
+    assert len(source.taken) == 1
 
 
 # -- failure matrix -------------------------------------------------------------------------

@@ -1,0 +1,89 @@
+"""How one poller runs: :class:`PollerConfig`, validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from azure_functions_db.core.checkpoint import PollerKey
+from azure_functions_db.errors import ConfigurationError
+
+
+@dataclass(frozen=True)
+class PollerConfig:
+    """How one poller runs. Validated on construction; errors name the value and the fix.
+
+    Attributes:
+        name: Stable poller id; the checkpoint is keyed by it (never by a function name).
+        namespace: ``live`` for the timer poller; backfills use their own namespace.
+        batch_size: Rows per handler call.
+        time_budget: Seconds after which a run starts no new batch (keep it well below the
+            host's ``functionTimeout``).
+        lease_duration: Seconds a lease lives without renewal (Azure allows 15-60).
+        max_attempts: Failures of the same batch after which it is reported as poison.
+        poison: ``halt`` keeps retrying the batch on every run and reports ``PoisonBatchError``.
+        infra_retries: Bounded retries (with backoff and jitter) of transient database and
+            storage errors within a run.
+        retry_delay: Base delay of that backoff, in seconds.
+        health_interval: Seconds between source health checks (NULL-cursor counts).
+    """
+
+    name: str
+    namespace: str = "live"
+    batch_size: int = 1000
+    time_budget: float = 240.0
+    lease_duration: float = 30.0
+    max_attempts: int = 5
+    poison: Literal["halt"] = "halt"
+    infra_retries: int = 3
+    retry_delay: float = 0.5
+    health_interval: float = 300.0
+
+    def __post_init__(self) -> None:
+        _check_name("poller name", self.name)
+        _check_name("namespace", self.namespace)
+        _check_positive("batch_size", self.batch_size, "e.g. `batch_size=1000`", integer=True)
+        _check_positive("time_budget", self.time_budget, "seconds, e.g. `time_budget=240`")
+        _check_positive("lease_duration", self.lease_duration, "seconds, 15 to 60 on Azure")
+        _check_positive("max_attempts", self.max_attempts, "e.g. `max_attempts=5`", integer=True)
+        if self.poison != "halt":
+            raise ConfigurationError(
+                f'Unknown poison policy `{self.poison!r}`; use `poison="halt"` (keep retrying the '
+                "batch and alert)."
+            )
+        if self.time_budget <= self.lease_duration / 3:
+            raise ConfigurationError(
+                f"`time_budget={self.time_budget}` is too short for `lease_duration="
+                f"{self.lease_duration}`: a run must outlive at least one heartbeat. Raise "
+                "time_budget or lower lease_duration."
+            )
+
+    @property
+    def key(self) -> PollerKey:
+        return PollerKey(namespace=self.namespace, poller=self.name)
+
+
+_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+
+
+def _check_name(what: str, value: object) -> None:
+    if (
+        not isinstance(value, str)
+        or not 1 <= len(value) <= 63
+        or not set(value) <= _NAME_CHARS
+        or value[0] in "-."
+    ):
+        raise ConfigurationError(
+            f"Invalid {what} `{value!r}`: use 1-63 letters, digits, `-`, `_` or `.`, starting "
+            f'with a letter or digit (e.g. "orders"). It keys the checkpoint, so keep it stable.'
+        )
+
+
+def _check_positive(what: str, value: object, hint: str, *, integer: bool = False) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or (integer and not isinstance(value, int))
+        or value <= 0
+    ):
+        raise ConfigurationError(f"`{what}={value!r}` must be a positive number ({hint}).")
