@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -253,3 +254,23 @@ def maria(mysql_db: str) -> Iterator[Db]:
         yield Db("mysql", url, None, engine)
     finally:
         engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    """One Spark ``local[2]`` session for the whole test session (JVM start-up costs seconds)."""
+    pytest.importorskip("pyspark")
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("afdb-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    yield session
+    session.stop()

@@ -6,6 +6,7 @@ row (``<namespace> <id>``) to a file; executors import it themselves, as on a cl
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -67,26 +68,6 @@ APP = textwrap.dedent(
         time.sleep(float(os.environ.get("BF_SLOW", "0")))
     """
 )
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[object]:
-    """One ``local[2]`` session for the whole test session (JVM start-up costs seconds)."""
-    pytest.importorskip("pyspark")
-    from pyspark.sql import SparkSession
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("afdb-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    yield session
-    session.stop()
 
 
 @pytest.fixture
@@ -295,6 +276,51 @@ def test_stale_attempt_cannot_commit_after_a_newer_attempt_fenced_the_chunk(app,
     assert sorted(delivered(app.parent / "delivered.txt", "backfill")) == list(range(1, 31))
 
 
+def _descendants(root: int) -> set[int]:
+    """Every live process below ``root``, read from ``/proc``."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found: set[int] = set()
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def kill_tree(driver: subprocess.Popen[bytes]) -> None:
+    """SIGKILL ``driver`` and every process below it, and wait until all are gone.
+
+    Killing the process group is not enough: PySpark's worker daemon puts itself and its
+    workers in a group of their own, and a worker would finish its chunk after the kill.
+    """
+    doomed = _descendants(driver.pid)
+    os.killpg(driver.pid, signal.SIGKILL)
+    for pid in doomed:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    driver.wait(30)
+    deadline = time.monotonic() + 30
+    while any(_running(pid) for pid in doomed) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
 def test_killed_driver_resumes_without_redoing_finished_chunks(app, orders, spark, monkeypatch):
     orders.insert(range(1, 81))
     monkeypatch.setenv("BF_BATCH", "5")
@@ -327,8 +353,7 @@ def test_killed_driver_resumes_without_redoing_finished_chunks(app, orders, spar
         while time.monotonic() < deadline and not finished_chunks():
             time.sleep(0.1)
     finally:
-        os.killpg(driver.pid, signal.SIGKILL)  # the driver, its JVM and the Python workers
-        driver.wait(30)
+        kill_tree(driver)  # the driver, its JVM and the Python workers
     finished = finished_chunks()
     assert finished, "no chunk finished before the deadline"
     assert len(finished) < 4, "the backfill finished before it could be killed"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from azure_functions_db.errors import ConfigurationError
 from azure_functions_db.poller import PollerDefinition
@@ -70,7 +70,7 @@ class ChunkTask:
     namespace: str
     run_id: str
     index: int
-    settings: tuple[tuple[str, str], ...]
+    settings: tuple[tuple[str, str], ...] = field(repr=False)  # holds secrets
 
 
 _applied: set[str] = set()
