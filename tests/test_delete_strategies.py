@@ -25,6 +25,7 @@ from azure_functions_db import Batch, Change, OutboxSource, SqlSource
 from azure_functions_db.clock import SystemClock
 from azure_functions_db.core.engine import Engine, PollerConfig, RunReport
 from azure_functions_db.errors import HandlerError, SourceDefinitionError
+from azure_functions_db.sources import outbox as outbox_module
 from azure_functions_db.state.memory import MemoryStateStore
 
 from .source_kit import Db
@@ -267,6 +268,56 @@ def test_outbox_delete_failure_is_logged_and_the_run_goes_on(tmp_path, pollers, 
     poller.handler.changes.clear()
     poller.run()  # acknowledged already: never redelivered
     assert poller.handler.changes == []
+    engine.dispose()
+
+
+def test_reads_autocommit_and_the_outbox_deletes_run_in_one_transaction(
+    anydb, pollers, monkeypatch
+):
+    monkeypatch.setattr(outbox_module, "_DELETE_CHUNK", 3)  # several DELETE statements a batch
+    table = outbox_table(anydb, range(1, 11))
+    source = outbox(anydb, delete_delivered=True)
+    source.open({})
+    seen: list[tuple[str, bool]] = []
+
+    def capture(conn: sa.Connection, *args: Any) -> None:  # (cursor, statement, params, ...)
+        dbapi_connection = conn.connection.dbapi_connection
+        autocommit = conn.dialect.detect_autocommit_setting(dbapi_connection)
+        seen.append((args[1].lstrip().split()[0].upper(), autocommit))
+
+    sa.event.listen(source.engine, "before_cursor_execute", capture)
+    poller = poller_for(pollers, source, batch_size=4)
+    poller.run()
+    assert remaining_ids(anydb, table) == []
+    # Every read (horizon, health check, batches) autocommits: no BEGIN/ROLLBACK around it. The
+    # deletes of a batch and the count of rows left after them share one real transaction.
+    deletes = [i for i, (verb, _) in enumerate(seen) if verb == "DELETE"]
+    assert len(deletes) == 2 + 2 + 1  # batches of 4, 4, 2 rows in chunks of 3
+    in_transaction = {*deletes, *(d + 1 for d in deletes if seen[d + 1][0] == "SELECT")}
+    assert all(not seen[i][1] for i in in_transaction)
+    assert all(autocommit for i, (_, autocommit) in enumerate(seen) if i not in in_transaction)
+    if anydb.dialect == "mysql":  # the connection back from the transaction: still in UTC
+        with source.engine.connect() as conn:
+            assert conn.exec_driver_sql("SELECT @@session.time_zone").scalar_one() == "+00:00"
+            assert conn.dialect.detect_autocommit_setting(conn.connection.dbapi_connection)
+
+
+def test_outbox_deletes_of_a_batch_are_all_or_nothing(tmp_path, pollers, monkeypatch, caplog):
+    monkeypatch.setattr(outbox_module, "_DELETE_CHUNK", 2)
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    engine = sa.create_engine(url, poolclass=sa.NullPool)
+    db = Db("sqlite", url, None, engine)
+    table = outbox_table(db, range(1, 6))
+    with engine.begin() as conn:  # the third DELETE statement (ids 5) fails
+        conn.exec_driver_sql(
+            "CREATE TRIGGER keep BEFORE DELETE ON outbox WHEN old.id = 5 "
+            "BEGIN SELECT RAISE(ABORT, 'kept'); END"
+        )
+    poller = poller_for(pollers, outbox(db, delete_delivered=True), batch_size=10)
+    caplog.set_level(logging.WARNING)
+    assert poller.run().rows == 5
+    assert any("action=acknowledge_failed" in r.getMessage() for r in caplog.records)
+    assert remaining_ids(db, table) == [1, 2, 3, 4, 5]  # the first two DELETEs rolled back
     engine.dispose()
 
 

@@ -2,11 +2,22 @@
 
 Per engine, never globally: PostgreSQL learns the types SQLAlchemy does not know (``xid8``), and
 MySQL/MariaDB connections read ``TIMESTAMP`` columns in UTC.
+
+Reads autocommit. Everything a source reads is one statement (a keyset batch, a horizon, a
+count), so a transaction around it buys nothing and costs a ``BEGIN`` and the pool's
+reset-on-return ``ROLLBACK`` per checkout: two round trips, and on PostgreSQL the rollback of a
+transaction that read ``pg_stat_activity`` is most of a horizon query's time. Each statement then
+sees the database as of its own start, as it does under PostgreSQL's default READ COMMITTED
+(MySQL's REPEATABLE READ snapshot only ever spanned one statement here, since every checkout
+ended with a rollback). Writes (the outbox's deletes) take a real transaction:
+:func:`transaction`. Only for dialects that can tell an autocommit connection apart, so the
+pool's rollback can be skipped on those; others keep the driver's default.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import sqlalchemy as sa
@@ -27,8 +38,10 @@ def create(
     # server dropped fails as a disconnect, SQLAlchemy invalidates it, and the engine's
     # bounded retry of TransientSourceError takes a fresh one. Recycling keeps connections
     # younger than typical server-side idle timeouts.
-    options = {"pool_pre_ping": False, "pool_recycle": 1800, **engine_options}
+    options = {"pool_pre_ping": False, "pool_recycle": 1800}
     try:
+        options.update(_autocommit_reads(url))
+        options.update(engine_options)
         engine = sa.create_engine(url, **options)
     except ImportError as exc:  # also SQLAlchemy's NoSuchModuleError
         raise ConfigurationError(
@@ -64,3 +77,40 @@ def utc_sessions(engine: sa.Engine) -> None:
             cursor.execute("SET time_zone = '+00:00'")
         finally:
             cursor.close()
+
+
+def _autocommit_reads(url: sa.URL) -> dict[str, Any]:
+    """``AUTOCOMMIT``, and no rollback of autocommit connections, where the dialect supports it.
+
+    ``skip_autocommit_rollback`` needs the dialect to tell an autocommit connection apart
+    (psycopg, pymysql, pysqlite, pyodbc, ... do); a connection switched to a transaction by
+    :func:`transaction` is still rolled back normally. ``engine_options`` may override both.
+    """
+    dialect = url.get_dialect()
+    if dialect.detect_autocommit_setting is sa.engine.Dialect.detect_autocommit_setting:
+        return {}
+    return {"isolation_level": "AUTOCOMMIT", "skip_autocommit_rollback": True}
+
+
+@contextmanager
+def transaction(engine: sa.Engine) -> Iterator[sa.Connection]:
+    """A connection in a real transaction, committed at the end and rolled back on an error.
+
+    On an engine whose reads autocommit, the connection runs at the database's default isolation
+    level for this block; the pool puts it back in autocommit when it is returned.
+    """
+    with engine.connect() as conn:
+        if _autocommits(conn):
+            conn.execution_options(isolation_level=conn.default_isolation_level)
+        with conn.begin():
+            yield conn
+
+
+def _autocommits(conn: sa.Connection) -> bool:
+    dbapi_connection = conn.connection.dbapi_connection
+    if dbapi_connection is None:
+        return False
+    try:
+        return bool(conn.dialect.detect_autocommit_setting(dbapi_connection))
+    except NotImplementedError:
+        return False

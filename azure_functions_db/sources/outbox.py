@@ -23,6 +23,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from azure_functions_db.core.position import KeyValue, Position
 from azure_functions_db.errors import ConfigurationError
 from azure_functions_db.ports import SourceRow
+from azure_functions_db.sources import _engine as engines
 from azure_functions_db.sources._keyset import KeysetQuery, after_predicate
 from azure_functions_db.sources.sqlalchemy import SqlSource
 
@@ -81,7 +82,7 @@ class OutboxSource(SqlSource):
         query = self._require_open()
         keys = [row.position.pk for row in rows]
         deleted = 0
-        with self._db_errors("outbox delete"), self.engine.begin() as conn:
+        with self._db_errors("outbox delete"), engines.transaction(self.engine) as conn:
             for start in range(0, len(keys), _DELETE_CHUNK):
                 chunk = keys[start : start + _DELETE_CHUNK]
                 result = conn.execute(sa.delete(query.table).where(_key_in(query, chunk, conn)))
