@@ -154,7 +154,7 @@ class StateStore(CheckpointStore, LeaseManager, Protocol):
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SourceRow:
     """One row version read from the source: its keyset position and its column values."""
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
+import pickle
 import uuid
 from decimal import Decimal
 
@@ -11,7 +13,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from azure_functions_db.core import batch as batch_module
+from azure_functions_db.core.batch import Change
 from azure_functions_db.core.position import CodecError, Position, decode_value, encode_value
+from azure_functions_db.ports import SourceRow
 
 aware = st.datetimes(
     min_value=dt.datetime(1, 1, 2),
@@ -145,3 +150,69 @@ def test_position_json_round_trip(cursor, pk):
 def test_position_needs_a_cursor():
     with pytest.raises(CodecError):
         Position(cursor=(), pk=(1,))
+
+
+# -- the per-row objects: slotted, frozen, picklable (a backfill ships them to Spark workers) ---
+
+
+def _change() -> Change:
+    position = Position(cursor=(dt.datetime(2026, 1, 1, 12, 0, 0, 5),), pk=(7,))
+    return Change({"id": 7, "note": "n"}, position, "orders")
+
+
+def test_per_row_objects_have_no_instance_dict_and_stay_frozen():
+    change = _change()
+    row = SourceRow(change.position, change.data)
+    for value in (change.position, row, change):
+        assert not hasattr(value, "__dict__")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        change.position.pk = (8,)  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        change.op = "delete"  # type: ignore[misc]
+    assert [f.name for f in dataclasses.fields(Change)] == ["data", "position", "poller", "op"]
+    assert repr(change).startswith("Change(data={'id': 7, 'note': 'n'}, position=Position(")
+
+
+def test_event_id_is_computed_once_and_is_not_part_of_equality(monkeypatch):
+    calls: list[str] = []
+    real = batch_module.event_id
+
+    def counting(poller: str, position: Position) -> str:
+        calls.append(poller)
+        return real(poller, position)
+
+    monkeypatch.setattr(batch_module, "event_id", counting)
+    change = _change()
+    first = change.event_id
+    assert change.event_id == first
+    assert calls == ["orders"]
+    assert first == real("orders", change.position)
+    assert change == _change()  # one with its id cached equals one without
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_position_row_and_change_pickle_round_trip(cached):
+    change = _change()
+    if cached:
+        expected = change.event_id
+    row = SourceRow(change.position, change.data, "delete")
+    for value in (change.position, row, change):
+        copy = pickle.loads(pickle.dumps(value))
+        assert copy == value
+        assert type(copy) is type(value)
+    copy = pickle.loads(pickle.dumps(change))
+    assert copy.event_id == change.event_id
+    if cached:
+        assert copy.event_id == expected
+    assert pickle.loads(pickle.dumps(change.position)) > Position(
+        cursor=change.position.cursor, pk=(6,)
+    )
+
+
+def test_trusted_position_equals_a_checked_one():
+    cursor, pk = (dt.datetime(2026, 1, 1),), (1, "a")
+    trusted = Position.trusted(cursor, pk)
+    assert trusted == Position(cursor=cursor, pk=pk)
+    assert hash(trusted) == hash(Position(cursor=cursor, pk=pk))
+    assert type(trusted) is Position
+    assert trusted.to_json() == Position(cursor=cursor, pk=pk).to_json()

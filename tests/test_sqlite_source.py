@@ -240,6 +240,24 @@ def test_every_cursor_type_round_trips_through_positions(tmp_path, opened, case)
     ]
 
 
+def test_a_batch_whose_first_or_last_key_a_checkpoint_cannot_hold_is_an_error(tmp_path, opened):
+    # The first and last rows of a batch are checked in full (the last is what gets committed);
+    # an infinite float sorts last, so the batch that reaches it ends or starts with it.
+    columns = [
+        sa.Column("id", sa.Integer, primary_key=True),
+        sa.Column("score", sa.Float, nullable=False),
+    ]
+    rows = [{"id": 1, "score": 1.0}, {"id": 2, "score": 2.0}, {"id": 3, "score": float("inf")}]
+    url = make_table(tmp_path / "db", columns, rows, index=["score", "id"])
+    source = open_source(opened, url, "orders", "score")
+    first = source.fetch(None, 2, NO_HORIZON)
+    assert [r.position.cursor for r in first] == [(1.0,), (2.0,)]
+    with pytest.raises(SourceError, match=r"cannot hold.*inf"):
+        source.fetch(first[-1].position, 2, NO_HORIZON)  # [inf]: first and last row
+    with pytest.raises(SourceError, match=r"cannot hold.*inf"):
+        source.fetch(None, 10, NO_HORIZON)  # [1.0, 2.0, inf]: the last row
+
+
 def test_sqlite_stores_aware_datetimes_as_naive_wall_time(tmp_path, opened):
     # SQLite has no time zone type: DateTime(timezone=True) reflects as a naive DATETIME, and
     # SQLAlchemy writes the wall-clock part without the offset. Positions are what was read.

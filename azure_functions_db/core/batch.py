@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 from collections.abc import Iterator, Mapping, Sequence
@@ -31,8 +30,16 @@ def _unwrap(values: tuple[KeyValue, ...]) -> Any:
     return values[0] if len(values) == 1 else values
 
 
-@dataclass(frozen=True)
-class Change:
+class _EventIdSlot:
+    """The slot ``Change.event_id`` caches in: not a field, so not compared, shown or pickled
+    (an unpickled ``Change`` computes it again on first use)."""
+
+    __slots__ = ("_event_id",)
+    _event_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Change(_EventIdSlot):
     """One changed row as delivered to the handler.
 
     Attributes:
@@ -47,14 +54,19 @@ class Change:
     poller: str
     op: Literal["upsert", "delete"] = "upsert"
 
-    @functools.cached_property
+    @property
     def event_id(self) -> str:
         """Deterministic idempotency key of this row version (see :func:`event_id`).
 
-        Computed on first use: a hash per row is most of the engine's own per-row cost, and
-        handlers that do not deduplicate should not pay it.
+        Computed on first use, then kept: a hash per row is most of the engine's own per-row
+        cost, and handlers that do not deduplicate should not pay it.
         """
-        return event_id(self.poller, self.position)
+        try:
+            return self._event_id
+        except AttributeError:
+            value = event_id(self.poller, self.position)
+            object.__setattr__(self, "_event_id", value)
+            return value
 
     @property
     def cursor(self) -> Any:

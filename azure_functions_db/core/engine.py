@@ -90,6 +90,8 @@ class Engine:
         self._rng = rng or random.Random()  # noqa: S311 - retry jitter, not crypto
         self._last_health: float | None = None
         self.observer = guarded(observer)
+        # A runtime-checkable Protocol costs two attribute scans per isinstance: decide once.
+        self._acknowledger = source if isinstance(source, AcknowledgingSource) else None
 
     # -- the run ------------------------------------------------------------------------------
 
@@ -195,7 +197,7 @@ class Engine:
 
     def _batch(self, cp: Checkpoint, fence: int, rows: Sequence[SourceRow]) -> Batch:
         name = self.config.name
-        changes = [Change(data=r.data, position=r.position, poller=name, op=r.op) for r in rows]
+        changes = [Change(r.data, r.position, name, r.op) for r in rows]
         return Batch(
             poller=self.config.name,
             namespace=self.config.namespace,
@@ -365,10 +367,10 @@ class Engine:
         Best effort. The batch is acknowledged already; rows the source fails to act on stay in
         the table, below the checkpoint, where the source reports them.
         """
-        if not isinstance(self.source, AcknowledgingSource):
+        if self._acknowledger is None:
             return
         try:
-            self._retrying(self.source.acknowledge, rows, batch.position_after)
+            self._retrying(self._acknowledger.acknowledge, rows, batch.position_after)
         except Exception as exc:  # noqa: BLE001 - acknowledged already; keep the run going
             self._log(
                 logging.WARNING,

@@ -138,7 +138,7 @@ def _sort_key(value: KeyValue) -> Any:
     return value.bytes if isinstance(value, uuid.UUID) else value
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Position:
     """The key of the last acknowledged row: cursor values then primary-key values.
 
@@ -158,6 +158,16 @@ class Position:
         for value in (*self.cursor, *self.pk):
             if type(value) not in _ALWAYS_VALID and not _plainly_valid(value):
                 encode_value(value)  # raises the precise CodecError
+
+    @classmethod
+    def trusted(cls, cursor: tuple[KeyValue, ...], pk: tuple[KeyValue, ...]) -> Position:
+        """A position from values already known to encode, without checking them again.
+
+        For sources, per row of a batch: a column returns values of one Python type, so the
+        source checks the first and last row of a batch (the last one is the position that is
+        committed, and encoded in full then) and builds the rows between with this.
+        """
+        return _trusted(cursor, pk)
 
     @property
     def key(self) -> tuple[KeyValue, ...]:
@@ -218,6 +228,19 @@ class Position:
             return ", ".join(_show(v) for v in values)
 
         return f"(cursor=({show(self.cursor)}), pk=({show(self.pk)}))"
+
+
+_new = object.__new__
+# The slots' own descriptors: they set a frozen instance's fields without its __setattr__.
+_set_cursor = Position.__dict__["cursor"].__set__
+_set_pk = Position.__dict__["pk"].__set__
+
+
+def _trusted(cursor: tuple[KeyValue, ...], pk: tuple[KeyValue, ...]) -> Position:
+    position: Position = _new(Position)
+    _set_cursor(position, cursor)
+    _set_pk(position, pk)
+    return position
 
 
 def _show(value: KeyValue) -> str:

@@ -48,6 +48,7 @@ from azure_functions_db.sources._horizon import (
     NoHorizon,
 )
 from azure_functions_db.sources._keyset import KeysetQuery, deletion_test, picker
+from azure_functions_db.sources._rows import to_rows
 from azure_functions_db.sources._values import parse_value
 
 __all__ = ["AutoHorizon", "HorizonStrategy", "LagHorizon", "NoHorizon", "SqlSource"]
@@ -434,17 +435,8 @@ class SqlSource:
             )
 
     def _to_rows(self, rows: Sequence[sa.Row[Any]]) -> list[SourceRow]:
-        # The hot path: one pass, no per-row method calls beyond the two constructors.
-        names, cursor_of, pk_of, deleted = self._names, self._cursor_of, self._pk_of, self._deleted
         try:
-            return [
-                SourceRow(
-                    position=Position(cursor=cursor_of(row), pk=pk_of(row)),
-                    data=dict(zip(names, row, strict=True)),
-                    op="delete" if deleted is not None and deleted(row) else "upsert",
-                )
-                for row in rows
-            ]
+            return to_rows(rows, self._names, self._cursor_of, self._pk_of, self._deleted)
         except CodecError as exc:
             raise self._unstorable(exc) from exc
 
