@@ -3,7 +3,8 @@
 Every adapter of a port must pass that port's contract suite in :mod:`azure_functions_db.testing`
 unchanged; an adapter that behaves differently from the contract is a bug, fakes included.
 
-- :class:`Source`: reads changed rows of one table in keyset order.
+- :class:`Source`: reads changed rows of one table in keyset order (optionally as the
+  handler's changes: :class:`ChangeSource`).
 - :class:`CheckpointStore`: one versioned record per poller, written only by compare-and-set.
 - :class:`LeaseManager`: one exclusive, expiring lease per poller with a fencing counter.
 - :class:`StateStore`: both of the above, in one place (Blob, Table, local file, memory).
@@ -16,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from azure_functions_db.core.batch import Change
 from azure_functions_db.core.checkpoint import Checkpoint, PollerKey, SourceDescription
 from azure_functions_db.core.position import KeyValue, Position
 
@@ -237,6 +239,20 @@ class Source(Protocol):
 
     def close(self) -> None:
         """Release connections. The source may be opened again."""
+        ...
+
+
+@runtime_checkable
+class ChangeSource(Protocol):
+    """A source that builds the handler's :class:`Change` objects itself: one object per row
+    instead of a :class:`SourceRow` and then a ``Change`` (optional; the engine uses it when the
+    source has it and is not an :class:`AcknowledgingSource`, which gets back its own rows)."""
+
+    def fetch_changes(
+        self, after: Position | None, limit: int, horizon: Horizon, poller: str
+    ) -> Sequence[Change]:
+        """Exactly what :meth:`Source.fetch` returns for the same arguments (same rows, same
+        order, same errors), each row as ``Change(row.data, row.position, poller, row.op)``."""
         ...
 
 

@@ -4,10 +4,10 @@ Builds the PostgreSQL tier's ``orders`` table (``benchmarks/pg_fixture.py``) in 
 then, after one warm-up drain:
 
 1. **Stages, without a profiler.** One drain with a ``perf_counter`` around each step of the
-   engine's loop (the source's ``horizon`` and ``fetch``, and within ``fetch`` the conversion of
-   driver rows into ``SourceRow`` objects; ``Batch`` building; the handler; the checkpoint
-   commit), wrapped on the instances, and ``gc.callbacks`` timing every garbage collection. The
-   wrappers cost about a microsecond per call, i.e. per batch, not per row.
+   engine's loop (the source's ``horizon`` and ``fetch_changes``, and within it the query and
+   the conversion of driver rows into ``Change`` objects; ``Batch`` building; the handler; the
+   checkpoint commit), wrapped on the instances, and ``gc.callbacks`` timing every garbage
+   collection. The wrappers cost about a microsecond per call, i.e. per batch, not per row.
 2. **cProfile** of one drain: the top functions by own time. cProfile slows Python code far more
    than C code (the driver, the database), so read it for what is called, not for shares.
 3. **The cyclic garbage collector**, timed: drains as they run by default and after
@@ -37,13 +37,13 @@ from benchmarks import pg_fixture as pg
 from benchmarks.harness import BenchmarkSkipped, Timing, best_of, timed
 
 #: Steps of the loop timed by :func:`staged_drain`: (label, "source" or "engine", method name).
-#: ``fetch`` includes ``_to_rows``; the stage table shows both and subtracts.
+#: ``fetch_changes`` includes ``_select`` (the query); the stage table shows both and subtracts.
 STEPS: tuple[tuple[str, str, str], ...] = (
     ("source open (engine, reflection, horizon checks)", "source", "open"),
     ("health check", "source", "check"),
     ("horizon (SqlSource.horizon)", "source", "horizon"),
-    ("fetch (SqlSource.fetch)", "source", "fetch"),
-    ("rows -> SourceRow (SqlSource._to_rows)", "source", "_to_rows"),
+    ("fetch (SqlSource.fetch_changes)", "source", "fetch_changes"),
+    ("  query (SqlSource._select: SQLAlchemy + psycopg + DB)", "source", "_select"),
     ("Batch building (Engine._batch)", "engine", "_batch"),
     ("handler call (Engine._call_handler)", "engine", "_call_handler"),
     ("checkpoint commit (Engine._commit)", "engine", "_commit"),
@@ -121,9 +121,9 @@ def print_stages(seconds: float, totals: Counter[str], collector: GcTimer, rows:
     line("whole run (Engine.run)", seconds)
     for label, _, name in STEPS:
         line(label, totals[name])
-    driver = totals["fetch"] - totals["_to_rows"]
-    line("  fetch without _to_rows (SQLAlchemy + psycopg + DB)", driver)
-    accounted = sum(totals[name] for _, _, name in STEPS if name != "_to_rows")
+    building = totals["fetch_changes"] - totals["_select"]
+    line("  rows -> Change (RowShape.changes)", building)
+    accounted = sum(totals[name] for _, _, name in STEPS if name != "_select")
     line("the rest (lease, fence, loop, release)", seconds - accounted)
     gc_total = sum(collector.seconds.values())
     passes = ", ".join(

@@ -24,7 +24,9 @@ import sqlalchemy as sa
 from azure_functions_db import Batch, Change, OutboxSource, SqlSource
 from azure_functions_db.clock import SystemClock
 from azure_functions_db.core.engine import Engine, PollerConfig, RunReport
+from azure_functions_db.core.position import Position
 from azure_functions_db.errors import HandlerError, SourceDefinitionError
+from azure_functions_db.ports import ChangeSource
 from azure_functions_db.sources import outbox as outbox_module
 from azure_functions_db.state.memory import MemoryStateStore
 
@@ -95,6 +97,14 @@ def pollers() -> Iterator[list[Poller]]:
     yield made
     for poller in made:
         poller.close()
+
+
+@pytest.fixture
+def opened_sources() -> Iterator[list[SqlSource]]:
+    made: list[SqlSource] = []
+    yield made
+    for source in made:
+        source.close()
 
 
 def poller_for(pollers: list[Poller], source: SqlSource, **kwargs: Any) -> Poller:
@@ -179,6 +189,42 @@ def test_soft_delete_column_must_exist(anydb, opened):
     source = SqlSource(anydb.url, "items", "updated_at", schema=anydb.schema, soft_delete="gone")
     with pytest.raises(SourceDefinitionError, match=r"Column `gone` \(in `soft_delete=`\)"):
         source.open({})
+
+
+def test_fetch_changes_returns_what_fetch_returns_as_the_pollers_changes(anydb, opened_sources):
+    anydb.table(
+        "items",
+        [
+            sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+            sa.Column("updated_at", sa.DateTime, nullable=False),
+            sa.Column("gone", sa.Boolean, nullable=False),
+        ],
+        [
+            {"id": i, "updated_at": T0 + dt.timedelta(seconds=i // 3), "gone": i % 4 == 0}
+            for i in range(1, 12)
+        ],
+        index=["updated_at", "id"],
+    )
+    source = SqlSource(
+        anydb.url, "items", "updated_at", "id", schema=anydb.schema, soft_delete="gone"
+    )
+    source.open({})
+    opened_sources.append(source)
+    assert isinstance(source, ChangeSource)
+    after, delivered = None, list[Change]()
+    while True:  # batch by batch, across cursor ties, as the engine reads
+        horizon = source.horizon()
+        rows = source.fetch(after, 4, horizon)
+        changes = source.fetch_changes(after, 4, horizon, "p")
+        assert [Change(r.data, r.position, "p", r.op) for r in rows] == list(changes)
+        assert all(type(c) is Change and type(c.position) is Position for c in changes)
+        delivered.extend(changes)
+        if len(rows) < 4:
+            break
+        after = rows[-1].position
+    assert [(c.pk, c.op) for c in delivered] == [
+        (i, "delete" if i % 4 == 0 else "upsert") for i in range(1, 12)
+    ]
 
 
 # --------------------------------------------------------------------------------------------

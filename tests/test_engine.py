@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from azure_functions_db.core.batch import Batch
+from azure_functions_db.core.batch import Batch, Change
 from azure_functions_db.core.checkpoint import Checkpoint
 from azure_functions_db.core.clock import FakeClock
 from azure_functions_db.core.engine import Engine, PollerConfig
@@ -276,6 +276,47 @@ def test_short_batch_under_a_fresh_bound_ends_the_run(orders, store, clock):
     assert handler.ids == [1, 2]  # rows at or above the bound wait for a later run
     assert report.status == "caught_up"
     assert len(source.taken) == 1
+
+
+class SpyChangeSource(SqlSource):
+    """A real SQLite source that keeps the Change objects it built for the engine."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url=url, table="orders", cursor="updated_at", pk="id")
+        self.built: list[Change] = []
+
+    def fetch_changes(self, *args: Any) -> Any:
+        changes = super().fetch_changes(*args)
+        self.built.extend(changes)
+        return changes
+
+
+def test_the_handler_gets_the_change_objects_the_source_built(orders, store, clock):
+    orders.insert(range(1, 11))
+    source = SpyChangeSource(orders.url)
+    handler = Recorder()
+    engine = Engine(
+        PollerConfig(name="orders", batch_size=4), source, store, handler, clock, owner="x"
+    )
+    engine.run(SETTINGS)
+    delivered = [c for b in handler.batches for c in b]
+    assert [c.pk for c in delivered] == list(range(1, 11))
+    assert all(d is b for d, b in zip(delivered, source.built, strict=True))  # not rebuilt
+    assert {c.poller for c in delivered} == {"orders"}
+
+
+def test_a_source_subclass_that_overrides_fetch_is_still_read_through_it(orders, store, clock):
+    orders.insert(range(1, 11))
+
+    class EvenOnly(SqlSource):
+        def fetch(self, *args: Any) -> Any:
+            return [r for r in super().fetch(*args) if r.position.pk[0] % 2 == 0]
+
+    source = EvenOnly(url=orders.url, table="orders", cursor="updated_at", pk="id")
+    handler = Recorder()
+    engine = Engine(PollerConfig(name="orders"), source, store, handler, clock, owner="x")
+    engine.run(SETTINGS)
+    assert handler.ids == [2, 4, 6, 8, 10]
 
 
 # -- failure matrix -------------------------------------------------------------------------

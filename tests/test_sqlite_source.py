@@ -256,6 +256,8 @@ def test_a_batch_whose_first_or_last_key_a_checkpoint_cannot_hold_is_an_error(tm
         source.fetch(first[-1].position, 2, NO_HORIZON)  # [inf]: first and last row
     with pytest.raises(SourceError, match=r"cannot hold.*inf"):
         source.fetch(None, 10, NO_HORIZON)  # [1.0, 2.0, inf]: the last row
+    with pytest.raises(SourceError, match=r"cannot hold.*inf"):
+        source.fetch_changes(None, 10, NO_HORIZON, "p")  # the same check as Change objects
 
 
 def test_sqlite_stores_aware_datetimes_as_naive_wall_time(tmp_path, opened):

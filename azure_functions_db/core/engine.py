@@ -28,6 +28,7 @@ from azure_functions_db.core.lease import LeaseKeeper
 from azure_functions_db.core.logs import log_event
 from azure_functions_db.core.observe import RunObserver, guarded
 from azure_functions_db.core.observe import RunReport as RunReport  # noqa: PLC0414 - re-export
+from azure_functions_db.core.position import Position
 from azure_functions_db.core.source_change import (
     COLUMNS_CHANGED_NOTE,
     FILTER_CHANGED_NOTE,
@@ -46,6 +47,7 @@ from azure_functions_db.errors import (
 )
 from azure_functions_db.ports import (
     AcknowledgingSource,
+    ChangeSource,
     Horizon,
     Source,
     SourceRow,
@@ -92,6 +94,11 @@ class Engine:
         self.observer = guarded(observer)
         # A runtime-checkable Protocol costs two attribute scans per isinstance: decide once.
         self._acknowledger = source if isinstance(source, AcknowledgingSource) else None
+        # A source that builds the Change objects saves one object per row; an acknowledging
+        # source is handed back the rows it returned, so it is read with fetch.
+        self._change_source = (
+            source if isinstance(source, ChangeSource) and self._acknowledger is None else None
+        )
 
     # -- the run ------------------------------------------------------------------------------
 
@@ -170,15 +177,15 @@ class Engine:
             keeper.ensure_held()
             if horizon is None:
                 horizon, fresh = self._retrying(self.source.horizon), True
-            rows = self._retrying(self.source.fetch, cp.position, cfg.batch_size, horizon)
+            changes, rows = self._retrying(self._fetch, cp.position, horizon)
             final = fresh or horizon.bound is None
-            if not rows:
+            if not changes:
                 if final:
                     report.status = "caught_up"
                     return
                 horizon = None
                 continue
-            batch = self._batch(cp, keeper.grant.fence, rows)
+            batch = self._batch(cp, keeper.grant.fence, changes)
             keeper.ensure_held()
             self._call_handler(batch, cp, etag, keeper)
             cp, etag = self._commit(cp, etag, batch, keeper)
@@ -187,7 +194,7 @@ class Engine:
             report.batches += 1
             report.rows += len(batch)
             report.position = cp.position
-            if len(rows) < cfg.batch_size:
+            if len(changes) < cfg.batch_size:
                 if final:
                     report.status = "caught_up"
                     return
@@ -195,9 +202,18 @@ class Engine:
             else:
                 fresh = False
 
-    def _batch(self, cp: Checkpoint, fence: int, rows: Sequence[SourceRow]) -> Batch:
-        name = self.config.name
-        changes = [Change(r.data, r.position, name, r.op) for r in rows]
+    def _fetch(
+        self, after: Position | None, horizon: Horizon
+    ) -> tuple[Sequence[Change], Sequence[SourceRow]]:
+        """The next batch as the handler's changes, and the source's own rows (none when the
+        source built the changes itself)."""
+        limit, name = self.config.batch_size, self.config.name
+        if self._change_source is not None:
+            return self._change_source.fetch_changes(after, limit, horizon, name), ()
+        rows = self.source.fetch(after, limit, horizon)
+        return [Change(r.data, r.position, name, r.op) for r in rows], rows
+
+    def _batch(self, cp: Checkpoint, fence: int, changes: Sequence[Change]) -> Batch:
         return Batch(
             poller=self.config.name,
             namespace=self.config.namespace,

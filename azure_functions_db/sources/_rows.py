@@ -1,4 +1,4 @@
-"""Driver rows to ``SourceRow`` objects: the per-row hot path of ``SqlSource.fetch``.
+"""Driver rows to ``SourceRow`` or ``Change`` objects: the per-row hot path of ``SqlSource``.
 
 One pass, no per-row method calls beyond the constructors. A column returns values of one Python
 type, and of a batch only the last row's position is ever stored (and encoded in full when the
@@ -12,41 +12,81 @@ it, and raise ``CodecError`` naming it.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from azure_functions_db.core.batch import Change
 from azure_functions_db.core.position import Position
 from azure_functions_db.ports import SourceRow
 
 Picker = Callable[[Sequence[Any]], tuple[Any, ...]]
 
 
-def to_rows(
-    rows: Sequence[Sequence[Any]],
-    names: Sequence[str],
-    cursor_of: Picker,
-    pk_of: Picker,
-    deleted: Callable[[Sequence[Any]], bool] | None,
-) -> list[SourceRow]:
-    """``rows`` (values in the order of ``names``) as ``SourceRow`` objects.
+@dataclass(frozen=True)
+class RowShape:
+    """Where the values of a driver row go.
 
-    Raises ``CodecError`` when the first or last row has a key value no checkpoint can hold.
+    Attributes:
+        names: The selected columns, in the order of the row's values.
+        cursor_of: ``row -> cursor values``; ``pk_of``: ``row -> pk values``.
+        deleted: ``row -> is it soft-deleted?``, ``None`` without ``soft_delete``.
     """
-    if not rows:
-        return []
-    for row in (rows[0], rows[-1]):
-        Position(cursor=cursor_of(row), pk=pk_of(row))
-    position = Position.trusted
-    # names and row have equal lengths by construction (names are the selected columns).
-    if deleted is None:
+
+    names: tuple[str, ...]
+    cursor_of: Picker
+    pk_of: Picker
+    deleted: Callable[[Sequence[Any]], bool] | None = None
+
+    def rows(self, rows: Sequence[Sequence[Any]]) -> list[SourceRow]:
+        """``rows`` as ``SourceRow`` objects; ``CodecError`` if the first or last key cannot be
+        stored."""
+        if not rows:
+            return []
+        names, cursor_of, pk_of, deleted = self._checked(rows)
+        position = Position.trusted
+        # names and row have equal lengths by construction (names are the selected columns).
+        if deleted is None:
+            return [
+                SourceRow(position(cursor_of(row), pk_of(row)), dict(zip(names, row, strict=False)))
+                for row in rows
+            ]
         return [
-            SourceRow(position(cursor_of(row), pk_of(row)), dict(zip(names, row, strict=False)))
+            SourceRow(
+                position(cursor_of(row), pk_of(row)),
+                dict(zip(names, row, strict=False)),
+                "delete" if deleted(row) else "upsert",
+            )
             for row in rows
         ]
-    return [
-        SourceRow(
-            position(cursor_of(row), pk_of(row)),
-            dict(zip(names, row, strict=False)),
-            "delete" if deleted(row) else "upsert",
-        )
-        for row in rows
-    ]
+
+    def changes(self, rows: Sequence[Sequence[Any]], poller: str) -> list[Change]:
+        """``rows`` as ``poller``'s ``Change`` objects: :meth:`rows` without a ``SourceRow``."""
+        if not rows:
+            return []
+        names, cursor_of, pk_of, deleted = self._checked(rows)
+        position = Position.trusted
+        if deleted is None:
+            return [
+                Change(
+                    dict(zip(names, row, strict=False)),
+                    position(cursor_of(row), pk_of(row)),
+                    poller,
+                )
+                for row in rows
+            ]
+        return [
+            Change(
+                dict(zip(names, row, strict=False)),
+                position(cursor_of(row), pk_of(row)),
+                poller,
+                "delete" if deleted(row) else "upsert",
+            )
+            for row in rows
+        ]
+
+    def _checked(
+        self, rows: Sequence[Sequence[Any]]
+    ) -> tuple[tuple[str, ...], Picker, Picker, Callable[[Sequence[Any]], bool] | None]:
+        for row in (rows[0], rows[-1]):
+            Position(cursor=self.cursor_of(row), pk=self.pk_of(row))
+        return self.names, self.cursor_of, self.pk_of, self.deleted

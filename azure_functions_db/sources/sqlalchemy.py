@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal
 
@@ -25,6 +25,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.sql.elements import ColumnElement, TextClause
 
 from azure_functions_db.clock import SystemClock
+from azure_functions_db.core.batch import Change
 from azure_functions_db.core.checkpoint import SourceDescription
 from azure_functions_db.core.clock import Clock
 from azure_functions_db.core.position import CodecError, KeyValue, Position
@@ -34,13 +35,13 @@ from azure_functions_db.errors import (
     NullCursorError,
     SourceDefinitionError,
     SourceError,
-    TransientSourceError,
 )
 from azure_functions_db.ports import Horizon, SourceHealth, SourceRow
 from azure_functions_db.sources import _config as config
 from azure_functions_db.sources import _engine as engines
 from azure_functions_db.sources import _health as health
 from azure_functions_db.sources import _lag as backlog
+from azure_functions_db.sources._errors import translate
 from azure_functions_db.sources._horizon import (
     AutoHorizon,
     HorizonStrategy,
@@ -48,15 +49,12 @@ from azure_functions_db.sources._horizon import (
     NoHorizon,
 )
 from azure_functions_db.sources._keyset import KeysetQuery, deletion_test, picker
-from azure_functions_db.sources._rows import to_rows
+from azure_functions_db.sources._rows import RowShape
 from azure_functions_db.sources._values import parse_value
 
 __all__ = ["AutoHorizon", "HorizonStrategy", "LagHorizon", "NoHorizon", "SqlSource"]
 
 logger = logging.getLogger(__name__)
-
-# OperationalError is how sqlite3 and some MySQL drivers report mistakes that retrying cannot fix.
-_PERMANENT = ("no such table", "no such column", "syntax error", "unknown column", "doesn't exist")
 
 
 # --------------------------------------------------------------------------------------------
@@ -164,9 +162,7 @@ class SqlSource:
         self._query: KeysetQuery | None = None
         self._masked_url = config.masked_url(url)
         self._secrets: tuple[str, ...] = ()
-        self._names: tuple[str, ...] = ()
-        self._cursor_of = self._pk_of = picker([])
-        self._deleted: Callable[[Sequence[Any]], bool] | None = None
+        self._shape = RowShape((), cursor_of=picker([]), pk_of=picker([]))
         self._description: SourceDescription | None = None
 
     # -- configuration seen by the engine and horizon strategies ----------------------------
@@ -233,20 +229,21 @@ class SqlSource:
             with self._db_errors("reflect"), engine.connect() as conn:
                 table = self._reflect(conn)
             self._engine, self._query = engine, self._build(table, engine.dialect.name)
-            self._names = tuple(column.name for column in self._query.selected)
-            self._cursor_of = picker([self._names.index(c.name) for c in self._query.cursor])
-            self._pk_of = picker([self._names.index(c.name) for c in self._query.pk])
-            self._deleted = (
-                None
+            names = tuple(column.name for column in self._query.selected)
+            self._shape = RowShape(
+                names,
+                cursor_of=picker([names.index(c.name) for c in self._query.cursor]),
+                pk_of=picker([names.index(c.name) for c in self._query.pk]),
+                deleted=None
                 if self._soft_delete is None
-                else deletion_test(self._query.table.c[self._soft_delete], self._names)
+                else deletion_test(self._query.table.c[self._soft_delete], names),
             )
             self._description = SourceDescription(
                 table=self._qualified,
                 cursor=self._cursor_names,
                 pk=tuple(c.name for c in self._query.pk),
                 where=self._where_print,
-                columns=self._names,
+                columns=names,
             )
             self._horizon.prepare(self)
         except BaseException:
@@ -275,15 +272,24 @@ class SqlSource:
 
     def fetch(self, after: Position | None, limit: int, horizon: Horizon) -> Sequence[SourceRow]:
         """Up to ``limit`` rows strictly after ``after`` and below ``horizon``, in keyset order."""
-        query = self._require_open()
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ConfigurationError(f"`limit={limit!r}` must be a positive number of rows.")
-        self._check_position(after, query)
-        statement = query.batch(query.start_of(after), horizon.bound is not None, limit)
-        parameters = query.parameters(after, horizon.bound, self._params)
-        with self._db_errors("fetch"), self.engine.connect() as conn:
-            rows = conn.execute(statement, parameters).all()
-        return self._to_rows(rows)
+        rows = self._select(after, limit, horizon)
+        try:
+            return self._shape.rows(rows)
+        except CodecError as exc:
+            raise self._unstorable(exc) from exc
+
+    def fetch_changes(
+        self, after: Position | None, limit: int, horizon: Horizon, poller: str
+    ) -> Sequence[Change]:
+        """What :meth:`fetch` returns, as ``poller``'s ``Change`` objects (``ChangeSource``)."""
+        if type(self).fetch is not SqlSource.fetch:  # a subclass reads its own way: honour it
+            rows = self.fetch(after, limit, horizon)
+            return [Change(row.data, row.position, poller, row.op) for row in rows]
+        selected = self._select(after, limit, horizon)
+        try:
+            return self._shape.changes(selected, poller)
+        except CodecError as exc:
+            raise self._unstorable(exc) from exc
 
     def latest(self, horizon: Horizon) -> Position | None:
         """Position of the last row below ``horizon`` (for ``seek --now``), or ``None``."""
@@ -434,11 +440,15 @@ class SqlSource:
                 "`pk=` changed? Move the poller with `afdb seek` to continue."
             )
 
-    def _to_rows(self, rows: Sequence[sa.Row[Any]]) -> list[SourceRow]:
-        try:
-            return to_rows(rows, self._names, self._cursor_of, self._pk_of, self._deleted)
-        except CodecError as exc:
-            raise self._unstorable(exc) from exc
+    def _select(self, after: Position | None, limit: int, horizon: Horizon) -> Sequence[Any]:
+        query = self._require_open()
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ConfigurationError(f"`limit={limit!r}` must be a positive number of rows.")
+        self._check_position(after, query)
+        statement = query.batch(query.start_of(after), horizon.bound is not None, limit)
+        parameters = query.parameters(after, horizon.bound, self._params)
+        with self._db_errors("fetch"), self.engine.connect() as conn:
+            return conn.execute(statement, parameters).all()
 
     def _position(self, cursor: tuple[Any, ...], pk: tuple[Any, ...]) -> Position:
         try:
@@ -460,25 +470,11 @@ class SqlSource:
         except AfdbError:
             raise
         except sa_exc.SQLAlchemyError as exc:
-            raise self._translate(exc, action) from exc
+            raise translate(exc, action, self._qualified, self._masked_url, self._scrub) from exc
         except (ValueError, TypeError) as exc:  # result processors: a value the type cannot read
             raise SourceError(
                 f"Reading `{self._qualified}` ({action}) failed: {self._scrub(str(exc))}"
             ) from exc
-
-    def _translate(self, exc: sa_exc.SQLAlchemyError, action: str) -> SourceError:
-        cause: BaseException = getattr(exc, "orig", None) or exc
-        detail = self._scrub(str(cause).strip().splitlines()[0] if str(cause).strip() else "")
-        transient = isinstance(
-            exc, sa_exc.OperationalError | sa_exc.DisconnectionError | sa_exc.TimeoutError
-        ) or (isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated)
-        if transient and any(marker in detail.lower() for marker in _PERMANENT):
-            transient = False
-        kind = TransientSourceError if transient else SourceError
-        return kind(
-            f"Database {action} for table `{self._qualified}` at `{self._masked_url}` failed "
-            f"({type(cause).__name__}): {detail[:500]}"
-        )
 
     def _scrub(self, text: str) -> str:
         for secret in self._secrets:
