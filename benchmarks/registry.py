@@ -10,6 +10,7 @@ from __future__ import annotations
 from benchmarks import (
     azurite_requests,
     pg_drain,
+    spark_backfill,
     sqlite_flatness,
     sqlite_idle,
     sqlite_memory,
@@ -24,6 +25,7 @@ ALL: tuple[Benchmark, ...] = (
     sqlite_memory.BENCHMARK,
     azurite_requests.BENCHMARK,
     pg_drain.BENCHMARK,
+    spark_backfill.BENCHMARK,
 )
 
 
