@@ -121,8 +121,8 @@ def print_stages(seconds: float, totals: Counter[str], collector: GcTimer, rows:
     line("whole run (Engine.run)", seconds)
     for label, _, name in STEPS:
         line(label, totals[name])
-    building = totals["fetch_changes"] - totals["_select"]
-    line("  rows -> Change (RowShape.changes)", building)
+        if name == "_select":
+            line("  rows -> Change (RowShape.changes)", totals["fetch_changes"] - totals["_select"])
     accounted = sum(totals[name] for _, _, name in STEPS if name != "_select")
     line("the rest (lease, fence, loop, release)", seconds - accounted)
     gc_total = sum(collector.seconds.values())
