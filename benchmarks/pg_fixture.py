@@ -22,7 +22,7 @@ import math
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -260,7 +260,6 @@ def raw_scan(db: OrdersTable, batch_size: int, predicate: Predicate = "nested") 
 
 def core_scan(db: OrdersTable, batch_size: int) -> int:
     """Baseline B: the nested keyset scan through SQLAlchemy Core on one connection."""
-    engine = sa.create_engine(db.server.url)
     table = sa.Table(
         db.name,
         sa.MetaData(),
@@ -269,34 +268,7 @@ def core_scan(db: OrdersTable, batch_size: int) -> int:
         sa.Column("updated_at", sa.DateTime(timezone=True)),
         schema=db.server.schema,
     )
-    cursor_v = sa.bindparam("cursor_v", type_=sa.DateTime(timezone=True))
-    pk_v = sa.bindparam("pk_v", type_=sa.BigInteger())
-    order = (table.c.updated_at, table.c.id)
-    first = (
-        sa.select(table).where(table.c.updated_at.is_not(None)).order_by(*order).limit(batch_size)
-    )
-    following = (
-        sa.select(table)
-        .where(
-            table.c.updated_at >= cursor_v,
-            sa.or_(table.c.updated_at > cursor_v, table.c.id > pk_v),
-        )
-        .order_by(*order)
-        .limit(batch_size)
-    )
-    try:
-        with engine.connect() as conn:
-            rows: Sequence[sa.Row[Any]] = conn.execute(first).all()
-            total = 0
-            while rows:
-                total += len(rows)
-                if len(rows) < batch_size:
-                    break
-                last = rows[-1]
-                rows = conn.execute(following, {"cursor_v": last.updated_at, "pk_v": last.id}).all()
-        return total
-    finally:
-        engine.dispose()
+    return sfx.core_keyset_scan(sa.create_engine(db.server.url), table, batch_size)
 
 
 # --------------------------------------------------------------------------------------------

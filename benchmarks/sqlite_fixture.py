@@ -150,7 +150,6 @@ def raw_scan(db: OrdersTable, batch_size: int) -> int:
 
 def core_scan(db: OrdersTable, batch_size: int) -> int:
     """Baseline B: the same keyset scan through SQLAlchemy Core (``DateTime`` values parsed)."""
-    engine = sa.create_engine(db.url)
     table = sa.Table(
         "orders",
         sa.MetaData(),
@@ -158,8 +157,14 @@ def core_scan(db: OrdersTable, batch_size: int) -> int:
         sa.Column("note", sa.Text),
         sa.Column("updated_at", sa.DateTime),
     )
-    cursor_v = sa.bindparam("cursor_v", type_=sa.DateTime())
-    pk_v = sa.bindparam("pk_v", type_=sa.Integer())
+    return core_keyset_scan(sa.create_engine(db.url), table, batch_size)
+
+
+def core_keyset_scan(engine: sa.Engine, table: sa.Table, batch_size: int) -> int:
+    """Rows of ``table`` read in nested-predicate keyset batches of ``(updated_at, id)`` on one
+    connection of ``engine`` (disposed after): the Core baseline of every tier."""
+    cursor_v = sa.bindparam("cursor_v", type_=table.c.updated_at.type)
+    pk_v = sa.bindparam("pk_v", type_=table.c.id.type)
     order = (table.c.updated_at, table.c.id)
     first = (
         sa.select(table).where(table.c.updated_at.is_not(None)).order_by(*order).limit(batch_size)
