@@ -61,6 +61,11 @@ APP = textwrap.dedent(
         ),
         batch_size=int(os.environ.get("BF_BATCH", "10")),
         lease_duration=float(os.environ.get("BF_LEASE", "15")),
+        state=(  # the poller's state in Blob Storage when a container is named (Azurite tests)
+            afdb.BlobStateStore(container=os.environ["BF_CONTAINER"])
+            if os.environ.get("BF_CONTAINER")
+            else None
+        ),
     )
     def on_orders(batch: afdb.Batch) -> None:
         with OUT.open("a") as f:
@@ -77,7 +82,7 @@ def app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("BF_OUT", str(tmp_path / "delivered.txt"))
     monkeypatch.setenv("AFDB_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.setenv("BF_LEASE", "15")
-    for name in ("BF_SCHEMA", "BF_SLOW", "BF_BATCH"):
+    for name in ("BF_SCHEMA", "BF_SLOW", "BF_BATCH", "BF_CONTAINER"):
         monkeypatch.delenv(name, raising=False)
     return path
 

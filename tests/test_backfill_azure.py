@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -23,34 +22,12 @@ from azure_functions_db.state.blob import BlobStateStore
 
 from .azurite import ACCOUNT_KEY, Azurite
 from .sqlite_orders import T0, Orders
-from .test_backfill import delivered
+from .test_backfill import APP, delivered
 
 pytestmark = [
     pytest.mark.spark,
     pytest.mark.filterwarnings("ignore:unclosed <socket.socket:ResourceWarning"),
 ]
-
-APP = textwrap.dedent(
-    """
-    import os
-    from pathlib import Path
-    import azure_functions_db as afdb
-
-    db = afdb.PollerBlueprint()
-    OUT = Path(os.environ["BF_OUT"])
-
-    @db.poller(
-        name="orders",
-        schedule="0 0 * * * *",
-        source=afdb.SqlSource(url="%BF_DB%", table="orders", cursor="updated_at", pk="id"),
-        batch_size=7,
-        state=afdb.BlobStateStore(container=os.environ["BF_CONTAINER"]),
-    )
-    def on_orders(batch: afdb.Batch) -> None:
-        with OUT.open("a") as f:
-            f.write("".join(f"{batch.namespace} {c.data['id']}\\n" for c in batch))
-    """
-)
 
 
 @pytest.fixture
@@ -58,11 +35,12 @@ def blob_app(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, azurite: Azurite, azurite_container: str
 ) -> tuple[Path, Orders, BlobStateStore]:
     path = tmp_path / "function_app.py"
-    path.write_text(APP)
+    path.write_text(APP)  # the poller of tests/test_backfill.py, on Blob state here
     orders = Orders(tmp_path / "orders.db")
     monkeypatch.setenv("BF_DB", orders.url)
     monkeypatch.setenv("BF_OUT", str(tmp_path / "delivered.txt"))
     monkeypatch.setenv("BF_CONTAINER", azurite_container)
+    monkeypatch.setenv("BF_BATCH", "7")
     monkeypatch.setenv("AzureWebJobsStorage", azurite.connection_string)
     monkeypatch.setenv("AFDB_STATE_DIR", str(tmp_path / "local-state"))  # must stay unused
     store = BlobStateStore(
