@@ -20,6 +20,7 @@ from azure_functions_db.errors import (
     LeaseHeldError,
 )
 from azure_functions_db.poller import PollerDefinition
+from azure_functions_db.ports import StateStore
 
 logger = logging.getLogger(__name__)
 
@@ -199,39 +200,63 @@ def seek(
         if cursor is None:
             raise ValueError("seek to a cursor needs `cursor`")
         to = Position(cursor=cursor, pk=())
-    grant = store.acquire(cfg.key, f"afdb-seek:{by}", cfg.lease_duration)
-    if grant is None:
-        raise LeaseHeldError(cfg.name, cfg.namespace, store.inspect(cfg.key).holder)
-    try:
-        now = definition.clock.now()
-        stored = store.read(cfg.key)
-        if stored is None:
-            base = Checkpoint(key=cfg.key, source=source.description)
-            moved = base.sought(
-                to, fence=grant.fence, by=by, at=now, reason=reason, source=source.description
-            )
-            store.create(moved)
-            before = None
-        else:
-            before = stored.checkpoint.position
-            moved = stored.checkpoint.sought(
-                to, fence=grant.fence, by=by, at=now, reason=reason, source=source.description
-            )
-            store.replace(moved, stored.etag)
-    except StaleFenceError as exc:
-        raise FenceBehindCheckpointError(cfg.name, cfg.namespace, grant.fence, exc.stored) from exc
-    finally:
-        store.release(grant)
+    fence, before, _ = move_checkpoint(
+        definition, store, to, owner=f"afdb-seek:{by}", by=by, reason=reason
+    )
     log_event(
         logger,
         logging.WARNING,
         "seek",
         poller=cfg.name,
         namespace=cfg.namespace,
-        fence=grant.fence,
+        fence=fence,
         by=by,
         from_position=before,
         to_position=to,
         reason=reason or None,
     )
-    return SeekResult(cfg.name, cfg.namespace, before, to, grant.fence, by)
+    return SeekResult(cfg.name, cfg.namespace, before, to, fence, by)
+
+
+def move_checkpoint(
+    definition: PollerDefinition,
+    store: StateStore,
+    to: Position | None,
+    *,
+    owner: str,
+    by: str,
+    reason: str,
+    now: dt.datetime | None = None,
+    unless_positioned: bool = False,
+) -> tuple[int, Position | None, Position | None]:
+    """Move the poller's checkpoint to ``to`` under its lease, by compare-and-set, audited.
+
+    Creates the record if there is none. With ``unless_positioned``, a record that already has a
+    position is left as it is. Returns the lease's fence, the position before and the position
+    after. Raises :class:`LeaseHeldError` while a run holds the lease, and
+    :class:`FenceBehindCheckpointError` when the record's fence is ahead of the lease's.
+    """
+    cfg, source = definition.config, definition.source
+    grant = store.acquire(cfg.key, owner, cfg.lease_duration)
+    if grant is None:
+        raise LeaseHeldError(cfg.name, cfg.namespace, store.inspect(cfg.key).holder)
+    try:
+        at = now if now is not None else definition.clock.now()
+        stored = store.read(cfg.key)
+        empty = Checkpoint(key=cfg.key, source=source.description)
+        current = stored.checkpoint if stored else empty
+        before = current.position
+        if unless_positioned and before is not None:
+            return grant.fence, before, before
+        moved = current.sought(
+            to, fence=grant.fence, by=by, at=at, reason=reason, source=source.description
+        )
+        if stored is None:
+            store.create(moved)
+        else:
+            store.replace(moved, stored.etag)
+        return grant.fence, before, to
+    except StaleFenceError as exc:
+        raise FenceBehindCheckpointError(cfg.name, cfg.namespace, grant.fence, exc.stored) from exc
+    finally:
+        store.release(grant)

@@ -29,16 +29,15 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
-from azure_functions_db.core.checkpoint import Checkpoint, SeekAudit, StaleFenceError
+from azure_functions_db.core.checkpoint import Checkpoint, SeekAudit
 from azure_functions_db.core.logs import log_event
 from azure_functions_db.core.position import KeyValue, Position
 from azure_functions_db.errors import (
     ConfigurationError,
-    FenceBehindCheckpointError,
-    LeaseHeldError,
     RecordExistsError,
     SourceError,
 )
+from azure_functions_db.operations import move_checkpoint
 from azure_functions_db.poller import PollerDefinition
 from azure_functions_db.ports import BacklogSource, Horizon, Source, StateStore
 from azure_functions_db.sources import SqlSource
@@ -90,23 +89,18 @@ def handoff_bound(
         if stored.checkpoint.position is not None:
             return stored.checkpoint.position
     # A record with no position: move it under the live lease, like `afdb seek`.
-    cfg = definition.config
-    grant = store.acquire(key, f"afdb-backfill:{by}", cfg.lease_duration)
-    if grant is None:
-        raise LeaseHeldError(cfg.name, cfg.namespace, store.inspect(key).holder)
-    try:
-        stored = store.read(key)
-        assert stored is not None
-        if stored.checkpoint.position is not None:
-            return stored.checkpoint.position
-        moved = stored.checkpoint.sought(
-            h0, fence=grant.fence, by=by, at=now, reason=reason, source=source.description
-        )
-        store.replace(moved, stored.etag)
-    except StaleFenceError as exc:
-        raise FenceBehindCheckpointError(cfg.name, cfg.namespace, grant.fence, exc.stored) from exc
-    finally:
-        store.release(grant)
+    _, before, _ = move_checkpoint(
+        definition,
+        store,
+        h0,
+        owner=f"afdb-backfill:{by}",
+        by=by,
+        reason=reason,
+        now=now,
+        unless_positioned=True,
+    )
+    if before is not None:
+        return before
     _log_seed(definition, h0, run_id)
     return h0
 
