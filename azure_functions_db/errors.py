@@ -238,6 +238,15 @@ class LeaseHeldError(AfdbError):
         )
 
 
+class HandlerContractError(AfdbError, TypeError):
+    """A handler call returned something other than ``None`` (a generator, a lazy iterator).
+
+    The body of a generator never runs, and the engine cannot tell whether work a returned value
+    describes was done, so the call counts as a failed attempt and the batch is not
+    acknowledged. Write ``def on_rows(batch): ...`` (or ``async def``) that returns ``None``.
+    """
+
+
 class HandlerError(AfdbError):
     """The user's handler raised; the batch was not acknowledged and will be redelivered.
 

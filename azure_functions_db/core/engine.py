@@ -24,6 +24,7 @@ from azure_functions_db.core.checkpoint import (
 )
 from azure_functions_db.core.clock import Clock
 from azure_functions_db.core.config import PollerConfig as PollerConfig  # noqa: PLC0414 - re-export
+from azure_functions_db.core.handler import check_handler, check_result
 from azure_functions_db.core.lease import LeaseKeeper
 from azure_functions_db.core.logs import log_event
 from azure_functions_db.core.observe import RunObserver, guarded
@@ -82,6 +83,7 @@ class Engine:
         rng: random.Random | None = None,
         observer: RunObserver | None = None,
     ) -> None:
+        check_handler(handler, config.name)
         self.config = config
         self.source = source
         self.store = store
@@ -295,7 +297,9 @@ class Engine:
         try:
             result = self.handler(batch)
             if inspect.isawaitable(result):
-                asyncio.run(_await(result))
+                check_result(asyncio.run(_await(result)), self.handler, awaited=True)
+            else:
+                check_result(result, self.handler, awaited=False)
         except Exception as exc:
             failed = cp.failed(fence=batch.fence, error=f"{type(exc).__name__}: {exc}")
             self._record_failure(failed, etag, keeper)
@@ -448,5 +452,5 @@ class Engine:
         )
 
 
-async def _await(awaitable: Awaitable[None]) -> None:
-    await awaitable
+async def _await(awaitable: Awaitable[T]) -> T:
+    return await awaitable

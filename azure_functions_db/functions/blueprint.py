@@ -17,6 +17,7 @@ from typing import Any, Literal, TypeVar
 import azure.functions as func
 
 from azure_functions_db.core.engine import Handler, PollerConfig
+from azure_functions_db.core.handler import check_handler
 from azure_functions_db.core.logs import log_event
 from azure_functions_db.errors import (
     ConfigurationError,
@@ -151,8 +152,7 @@ class PollerBlueprint(func.Blueprint):
             _check_source_now(source, name)
 
         def decorate(handler: H) -> H:
-            if not callable(handler):
-                raise ConfigurationError(f"@poller(name=`{name}`) must decorate a function")
+            check_handler(handler, name)
             definition = PollerDefinition(
                 config=config,
                 schedule=schedule,
