@@ -70,6 +70,12 @@ APP = textwrap.dedent(
     def on_orders(batch: afdb.Batch) -> None:
         with OUT.open("a") as f:
             f.write("".join(f"{batch.namespace} {c.data['id']}\\n" for c in batch))
+        if os.environ.get("BF_EVENTS"):  # what a deduplicating handler would key on
+            with open(os.environ["BF_EVENTS"], "a") as f:
+                f.write("".join(
+                    f"{c.data['id']} {c.event_id} {c.poller} {batch.poller} {batch.chunk}\\n"
+                    for c in batch
+                ))
         time.sleep(float(os.environ.get("BF_SLOW", "0")))
     """
 )
@@ -82,7 +88,7 @@ def app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("BF_OUT", str(tmp_path / "delivered.txt"))
     monkeypatch.setenv("AFDB_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.setenv("BF_LEASE", "15")
-    for name in ("BF_SCHEMA", "BF_SLOW", "BF_BATCH", "BF_CONTAINER"):
+    for name in ("BF_SCHEMA", "BF_SLOW", "BF_BATCH", "BF_CONTAINER", "BF_EVENTS"):
         monkeypatch.delenv(name, raising=False)
     return path
 
@@ -160,6 +166,35 @@ def test_sqlite_backfill_seeds_the_live_poller_and_hands_off(app, orders, spark,
     again = backfill(app, "orders", spark=spark, run_id="r1")
     assert (again.chunks_run, again.chunks_skipped, again.rows) == (0, 4, 0)
     assert len(delivered(out, "backfill")) == report.rows
+
+
+def test_one_event_id_per_row_version_through_live_backfills_and_replay(
+    app, orders, spark, monkeypatch
+):
+    """`event_id` depends on the poller's name and the row version only: live polling, two
+    backfill runs (every chunk) and a seek-back replay hand each row the same id."""
+    events = app.parent / "events.txt"
+    monkeypatch.setenv("BF_EVENTS", str(events))
+    orders.insert(range(1, 41))
+    run_live(app)
+    for run_id in ("r1", "r2"):
+        report = backfill(app, "orders", partitions=3, spark=spark, run_id=run_id)
+        assert report.rows >= 40
+    assert main(["seek", str(app), "--poller", "orders", "--beginning"]) == EXIT_OK
+    run_live(app)
+    ids: dict[int, set[str]] = {}
+    chunks: dict[int, set[str]] = {}
+    for line in events.read_text().splitlines():
+        row, event, change_poller, batch_poller, chunk = line.split()
+        assert (change_poller, batch_poller) == ("orders", "orders")
+        ids.setdefault(int(row), set()).add(event)
+        chunks.setdefault(int(row), set()).add(chunk)
+    assert sorted(ids) == list(range(1, 41))
+    assert all(len(found) == 1 for found in ids.values()), ids
+    # Each row came from live (twice: first run and replay) and from a chunk of r1 and of r2.
+    for row, seen in chunks.items():
+        assert "None" in seen, row
+        assert {c.split("/")[0] for c in seen - {"None"}} == {"r1", "r2"}, row
 
 
 @pytest.mark.postgres

@@ -15,7 +15,8 @@ def event_id(poller: str, position: Position) -> str:
     """A deterministic id for one row version of one poller: the idempotency key.
 
     The same row version (same pk, same cursor) gets the same id on every replay, in every
-    namespace (a backfill and the live poller agree), so handlers can deduplicate on it.
+    namespace and every backfill run and chunk (a backfill and the live poller agree), so
+    handlers can deduplicate on it. It depends on the poller's name and the position only.
     """
     doc = [
         poller,
@@ -94,6 +95,8 @@ class Batch(Sequence[Change]):
         position_before: Checkpoint before the batch (``None`` = from the beginning).
         position_after: Position the checkpoint moves to when the batch is acknowledged.
         changes: The rows.
+        chunk: The backfill chunk that delivers this batch (``"<run id>/<index>"``), or
+            ``None`` for the live poller and a seek replay.
     """
 
     poller: str
@@ -103,6 +106,7 @@ class Batch(Sequence[Change]):
     position_before: Position | None
     position_after: Position
     changes: tuple[Change, ...]
+    chunk: str | None = None
 
     @overload
     def __getitem__(self, index: int) -> Change: ...

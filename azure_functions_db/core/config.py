@@ -26,6 +26,10 @@ class PollerConfig:
             storage errors within a run.
         retry_delay: Base delay of that backoff, in seconds.
         health_interval: Seconds between source health checks (NULL-cursor counts).
+        record: The name of the checkpoint record, when it is not ``name``: a backfill chunk
+            keeps its own record, while its batches and ``event_id`` still carry the poller's
+            ``name``.
+        chunk: Which backfill chunk this is (``Batch.chunk``); ``None`` for a live poller.
     """
 
     name: str
@@ -38,9 +42,13 @@ class PollerConfig:
     infra_retries: int = 3
     retry_delay: float = 0.5
     health_interval: float = 300.0
+    record: str | None = None
+    chunk: str | None = None
 
     def __post_init__(self) -> None:
         _check_name("poller name", self.name)
+        if self.record is not None:
+            _check_name("checkpoint record name", self.record)
         _check_name("namespace", self.namespace)
         _check_positive("batch_size", self.batch_size, "e.g. `batch_size=1000`", integer=True)
         _check_positive("time_budget", self.time_budget, "seconds, e.g. `time_budget=240`")
@@ -60,7 +68,8 @@ class PollerConfig:
 
     @property
     def key(self) -> PollerKey:
-        return PollerKey(namespace=self.namespace, poller=self.name)
+        """Where the checkpoint and lease live: the namespace and the record's name."""
+        return PollerKey(namespace=self.namespace, poller=self.record or self.name)
 
 
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")

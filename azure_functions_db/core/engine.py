@@ -224,6 +224,7 @@ class Engine:
             position_before=cp.position,
             position_after=changes[-1].position,
             changes=tuple(changes),
+            chunk=self.config.chunk,
         )
 
     # -- lease, fence, load ------------------------------------------------------------------
@@ -248,7 +249,9 @@ class Engine:
             claimed = stored.checkpoint.fenced(fence, desc)
         except StaleFenceError as exc:
             keeper.mark_lost(f"checkpoint already fenced by {exc.stored}")
-            raise FenceBehindCheckpointError(cfg.name, cfg.namespace, fence, exc.stored) from exc
+            raise FenceBehindCheckpointError(
+                cfg.key.poller, cfg.namespace, fence, exc.stored
+            ) from exc
         etag = self.store.replace(claimed, stored.etag)
         return StoredCheckpoint(claimed, etag)
 
@@ -260,7 +263,7 @@ class Engine:
             return
         cfg = self.config
         if change.key_changed:
-            raise SourceDefinitionError(change.key_changed_message(cfg.name, cfg.namespace))
+            raise SourceDefinitionError(change.key_changed_message(cfg.key.poller, cfg.namespace))
         if change.where_changed:
             self._log(
                 logging.WARNING,
@@ -326,9 +329,9 @@ class Engine:
                     policy=cfg.poison,
                 )
                 raise PoisonBatchError(
-                    cfg.name, cfg.namespace, failed.attempts, len(batch)
+                    cfg.key.poller, cfg.namespace, failed.attempts, len(batch)
                 ) from exc
-            raise HandlerError(cfg.name, cfg.namespace, failed.attempts, len(batch)) from exc
+            raise HandlerError(cfg.key.poller, cfg.namespace, failed.attempts, len(batch)) from exc
 
     def _record_failure(self, failed: Checkpoint, etag: str, keeper: LeaseKeeper) -> None:
         """Count the failed attempt on the checkpoint (best effort: the batch stays unacked)."""
@@ -353,7 +356,9 @@ class Engine:
                 source=self.source.description,
             )
         except PositionNotForwardError as exc:
-            raise PositionRegressionError(cfg.name, str(exc.stored), str(exc.proposed)) from exc
+            raise PositionRegressionError(
+                cfg.key.poller, str(exc.stored), str(exc.proposed)
+            ) from exc
         new_etag: str | None
         try:
             new_etag = self.store.replace(new, etag)
@@ -442,6 +447,8 @@ class Engine:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _log(self, level: int, action: str, **fields: object) -> None:
+        if self.config.chunk is not None:
+            fields["chunk"] = self.config.chunk
         log_event(
             logger,
             level,

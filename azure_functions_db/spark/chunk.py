@@ -115,7 +115,11 @@ def run_chunk(
     stored = store.read(key)
     if stored is not None and chunk.finished(stored.checkpoint):
         return result
-    config = dataclasses.replace(definition.config, name=key.poller, namespace=namespace)
+    # The chunk keeps its own record, but its batches are the poller's: `batch.poller` and every
+    # `event_id` are the same as live polling's for the same row version.
+    config = dataclasses.replace(
+        definition.config, namespace=namespace, record=key.poller, chunk=f"{run_id}/{index}"
+    )
     engine = Engine(
         config,
         BoundedSource(definition.source, chunk.end),
@@ -189,7 +193,7 @@ def _mark_finished(store: StateStore, engine: Engine, chunk: ChunkRange) -> bool
             claimed = current.fenced(grant.fence)
         except StaleFenceError as exc:
             raise FenceBehindCheckpointError(
-                cfg.name, cfg.namespace, grant.fence, exc.stored
+                cfg.key.poller, cfg.namespace, grant.fence, exc.stored
             ) from exc
         etag = store.replace(claimed, stored.etag)
         moved = claimed.advanced(
