@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 AZURITE_DIR   := tools/azurite
 AZURITE_STAMP := $(AZURITE_DIR)/node_modules/.installed
 
-.PHONY: help demo test lint format bench azurite clean
+.PHONY: help demo test lint format bench azurite wheel clean
 
 help: ## Show the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -46,5 +46,9 @@ format: $(STAMP) ## Apply ruff fixes and formatting
 bench: $(STAMP) ## Run the benchmarks (ratios against a baseline in the same run)
 	$(BIN)/python -m benchmarks
 
+wheel: $(STAMP) ## Build the afdb wheel into dist/ (what requirements.txt installs on deploy)
+	rm -f dist/afdb-*.whl
+	$(BIN)/python -m pip wheel --quiet --no-deps --wheel-dir dist .
+
 clean: ## Remove the virtualenv, Azurite's node_modules, caches and demo files
-	rm -rf $(VENV) $(AZURITE_DIR)/node_modules .afdb .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(AZURITE_DIR)/node_modules dist build .afdb .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -103,7 +103,7 @@ def default_state_store(settings: Mapping[str, str]) -> StateStore:
         except ImportError as exc:
             raise ConfigurationError(
                 "Pollers under a Functions host keep their state in Azure Blob Storage by "
-                "default, which needs the `azure` extra: add `azure-functions-db[azure]` to "
+                "default, which needs the `azure` extra: add `afdb[azure]` to "
                 "requirements.txt (or pass another shared store as `state=`)."
             ) from exc
         store: StateStore = BlobStateStore(settings=settings)

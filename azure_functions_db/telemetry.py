@@ -130,7 +130,7 @@ class OtelMetrics:
 
     Raises:
         ImportError: ``opentelemetry-api`` is not installed (``pip install
-            azure-functions-db[otel]``).
+            afdb[otel]``).
     """
 
     def __init__(
@@ -276,6 +276,6 @@ class OtelMetrics:
 
 def _version() -> str:
     try:
-        return metadata.version("azure-functions-db")
+        return metadata.version("afdb")
     except metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree
         return ""

@@ -645,6 +645,9 @@ def check_azure_yaml(infra: Infra) -> None:
     assert (ROOT / service.get("project", "")).resolve() == ROOT, (
         f"service `app` is the project at {service.get('project')}, not the repository root"
     )
+    # requirements.txt installs the afdb wheel from dist/: azd must build it before packaging.
+    hook = (service.get("hooks") or {}).get("prepackage") or {}
+    assert hook.get("run") == "make wheel", f"service `app` has no `make wheel` prepackage: {hook}"
 
     # azd deploys the service to the resource tagged with its name.
     site, _ = infra.one("Microsoft.Web/sites")

@@ -46,7 +46,7 @@ def create(
     except ImportError as exc:  # also SQLAlchemy's NoSuchModuleError
         raise ConfigurationError(
             f"Cannot load the database driver for `{masked_url}` ({exc}). Install it, "
-            "e.g. `pip install azure-functions-db[postgres]` (or `[mysql]`, `[mssql]`)."
+            "e.g. `pip install afdb[postgres]` (or `[mysql]`, `[mssql]`)."
         ) from exc
     except (sa_exc.ArgumentError, TypeError) as exc:
         raise ConfigurationError(

@@ -309,7 +309,7 @@ def _session(spark: Any, master: str) -> tuple[Any, bool]:
     except ImportError as exc:
         raise ConfigurationError(
             "The backfill runs on Spark, which needs the `spark` extra: "
-            "`pip install 'azure-functions-db[spark]'` (and Java 17)."
+            "`pip install 'afdb[spark]'` (and Java 17)."
         ) from exc
     active = SparkSession.getActiveSession()
     if active is not None:

@@ -116,7 +116,7 @@ def _credential(settings: Mapping[str, str], setting: str) -> Any:
     except ImportError as exc:  # pragma: no cover - the `azure` extra brings it
         raise ConfigurationError(
             f"Identity-based `{setting}__...` settings need azure-identity: "
-            "`pip install azure-functions-db[azure]`."
+            "`pip install afdb[azure]`."
         ) from exc
     client_id = (settings.get(f"{setting}__clientId") or "").strip() or None
     if (settings.get(f"{setting}__credential") or "").strip().lower() == "managedidentity":
