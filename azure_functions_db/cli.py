@@ -1,6 +1,7 @@
 """The ``afdb`` command line (also ``python -m azure_functions_db``).
 
-Exit status: 0 success, 1 a run or operation failed, 2 bad usage or configuration.
+Exit status: 0 success, 1 a run or operation failed, 2 bad usage or configuration, 130
+``afdb run --once`` interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -12,15 +13,18 @@ import os
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from azure_functions_db.errors import AfdbError, ConfigurationError
+from azure_functions_db.errors import AfdbError, ConfigurationError, HandlerError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
+INTERRUPTED = "interrupted; batch not acknowledged (it is delivered again on the next run)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -160,13 +164,19 @@ def _run(args: argparse.Namespace, console: Console) -> int:
                 )
         else:
             console.print(f"{outcome.poller}: failed: {outcome.error}", style="red")
+            if outcome.error is not None:
+                _show_handler_error(outcome.error, verbose=args.verbose + args.verbose_top > 0)
 
     if args.once:
         failures = 0
-        for definition in pollers:
-            outcome = run_one(definition, settings)
-            show(outcome)
-            failures += 0 if outcome.ok else 1
+        try:
+            for definition in pollers:
+                outcome = run_one(definition, settings)
+                show(outcome)
+                failures += 0 if outcome.ok else 1
+        except KeyboardInterrupt:
+            _stderr().print(INTERRUPTED, style="red")
+            return EXIT_INTERRUPTED
         return EXIT_FAILED if failures else EXIT_OK
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -176,8 +186,22 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     try:
         failures = run_scheduled(pollers, settings, SystemClock(), stop=stop, on_outcome=show)
     except KeyboardInterrupt:
+        _stderr().print(INTERRUPTED, style="red")
         return EXIT_OK
     return EXIT_FAILED if failures else EXIT_OK
+
+
+def _show_handler_error(error: AfdbError, *, verbose: bool) -> None:
+    """What the handler raised, under the run's failure line; its traceback with ``-v``."""
+    cause = error.__cause__
+    if not isinstance(error, HandlerError) or cause is None:
+        return
+    err = _stderr()
+    err.print(f"  handler raised {type(cause).__name__}: {cause}", style="red")
+    if verbose:
+        err.print("".join(traceback.format_exception(cause)).rstrip())
+    else:
+        err.print("  (-v shows the traceback)")
 
 
 def _status(args: argparse.Namespace, console: Console) -> int:

@@ -36,6 +36,29 @@ class SettingNotFoundError(ConfigurationError):
         )
 
 
+class UnresolvedSettingError(ConfigurationError):
+    """An app setting still holds a Key Vault reference (``@Microsoft.KeyVault(...)``).
+
+    The Functions platform replaces a reference with the secret's value only when it can read
+    it; otherwise the app sees the reference text. Give the app's identity the ``Key Vault
+    Secrets User`` role on the vault, check the vault and secret names (the portal shows each
+    reference's status under the app's environment variables), or, outside Azure, put the value
+    itself in ``local.settings.json`` or the environment.
+    """
+
+    def __init__(self, setting: str, where: str) -> None:
+        self.setting = setting
+        self.where = where
+        super().__init__(
+            f"App setting `{setting}` used by {where} holds an unresolved Key Vault reference "
+            "(`@Microsoft.KeyVault(...)`), not a value. In Azure, the platform could not read "
+            "the secret: give the app's managed identity the `Key Vault Secrets User` role on "
+            "the vault and check the vault and secret names (the portal shows the reference's "
+            "status in the app's environment variables). Locally nothing resolves references: "
+            "put the value itself in local.settings.json or the environment."
+        )
+
+
 class SourceError(AfdbError):
     """The database source failed: connection, reflection or query.
 

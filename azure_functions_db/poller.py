@@ -21,7 +21,8 @@ from azure_functions_db.clock import SystemClock
 from azure_functions_db.core.clock import Clock
 from azure_functions_db.core.engine import Engine, Handler, PollerConfig, RunReport
 from azure_functions_db.core.logs import log_event
-from azure_functions_db.errors import ConfigurationError, SettingNotFoundError
+from azure_functions_db.core.settings import setting_value
+from azure_functions_db.errors import ConfigurationError
 from azure_functions_db.ports import Source, StateStore
 from azure_functions_db.telemetry import metrics_observer
 
@@ -44,9 +45,7 @@ def resolve_schedule(schedule: str, settings: Mapping[str, str], poller: str) ->
     name = setting_name(schedule)
     if name is None:
         return schedule
-    if name not in settings:
-        raise SettingNotFoundError(name, f"the schedule of poller `{poller}`")
-    resolved = settings[name]
+    resolved = setting_value(settings, name, f"the schedule of poller `{poller}`")
     validate_schedule(resolved, poller)
     return resolved
 

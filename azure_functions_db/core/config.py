@@ -95,4 +95,5 @@ def _check_positive(what: str, value: object, hint: str, *, integer: bool = Fals
         or (integer and not isinstance(value, int))
         or value <= 0
     ):
-        raise ConfigurationError(f"`{what}={value!r}` must be a positive number ({hint}).")
+        kind = "integer" if integer else "number"
+        raise ConfigurationError(f"`{what}={value!r}` must be a positive {kind} ({hint}).")

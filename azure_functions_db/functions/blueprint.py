@@ -24,6 +24,7 @@ from azure_functions_db.errors import (
     SettingNotFoundError,
     SourceDefinitionError,
     SourceError,
+    UnresolvedSettingError,
 )
 from azure_functions_db.functions.retry import FunctionsRetry
 from azure_functions_db.poller import PollerDefinition, validate_schedule
@@ -188,7 +189,7 @@ def _check_source_now(source: Source, poller: str) -> None:
     """Fail fast on a missing table or column, when the database can be reached now."""
     try:
         source.open(dict(os.environ))
-    except SettingNotFoundError as exc:
+    except (SettingNotFoundError, UnresolvedSettingError) as exc:
         log_event(
             logger, logging.DEBUG, "source_check_deferred", poller=poller, setting=exc.setting
         )

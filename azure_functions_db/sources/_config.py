@@ -21,9 +21,9 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.sql import visitors
 from sqlalchemy.sql.elements import ColumnClause, ColumnElement, TextClause
 
+from azure_functions_db.core.settings import setting_value
 from azure_functions_db.errors import (
     ConfigurationError,
-    SettingNotFoundError,
     SourceDefinitionError,
 )
 from azure_functions_db.sources._keyset import RESERVED_PREFIX, text_filter
@@ -156,10 +156,7 @@ def resolve_settings(template: str, settings: Mapping[str, str], where: str) -> 
     """``template`` with every ``%NAME%`` replaced by ``settings[NAME]`` (one pass)."""
 
     def replace(match: re.Match[str]) -> str:
-        name = match.group(1)
-        if name not in settings:
-            raise SettingNotFoundError(name, where=where)
-        return settings[name]
+        return setting_value(settings, match.group(1), where)
 
     return PLACEHOLDER.sub(replace, template)
 

@@ -26,24 +26,58 @@ from sqlalchemy import exc as sa_exc
 from azure_functions_db.errors import ConfigurationError
 from azure_functions_db.sources import _pgtypes as pgtypes
 
+DEFAULT_CONNECT_TIMEOUT = 10.0
+
+# The URL forms we install drivers for, by backend: a URL without `+driver` selects SQLAlchemy's
+# default driver (psycopg2, MySQLdb), which `afdb[postgres]`/`afdb[mysql]` do not install.
+_PG = ("postgresql+psycopg://user:password@host:5432/db", "postgres")
+_MY = ("mysql+pymysql://user:password@host:3306/db", "mysql")
+_DRIVER_URLS = {
+    "postgresql": _PG,
+    "postgres": _PG,
+    "mysql": _MY,
+    "mariadb": _MY,
+    "mssql": ("mssql+pyodbc://user:password@host/db?driver=ODBC+Driver+18+for+SQL+Server", "mssql"),
+}
+
+
+def check_connect_timeout(value: object) -> float:
+    """``connect_timeout=`` as seconds: a positive number."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 3600:
+        raise ConfigurationError(
+            f"`connect_timeout={value!r}` must be a number of seconds between 0 and 3600 "
+            f"(e.g. `connect_timeout={DEFAULT_CONNECT_TIMEOUT:g}`)."
+        )
+    return float(value)
+
 
 def create(
     url: sa.URL,
     engine_options: Mapping[str, Any],
     masked_url: str,
     scrub: Callable[[str], str],
+    *,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
 ) -> sa.Engine:
     """An engine for ``url``; errors name ``masked_url`` and pass through ``scrub``."""
+    backend = url.drivername.partition("+")[0]
+    if url.drivername == "postgres":  # not a SQLAlchemy name at all (Heroku-style URLs)
+        driverless_url_error(url.drivername, masked_url)
     # No pre-ping: it would double the round trips of an idle run. A pooled connection the
     # server dropped fails as a disconnect, SQLAlchemy invalidates it, and the engine's
     # bounded retry of TransientSourceError takes a fresh one. Recycling keeps connections
     # younger than typical server-side idle timeouts.
-    options = {"pool_pre_ping": False, "pool_recycle": 1800}
+    options: dict[str, Any] = {"pool_pre_ping": False, "pool_recycle": 1800}
     try:
         options.update(_autocommit_reads(url))
         options.update(engine_options)
+        options["connect_args"] = _with_connect_timeout(
+            url, dict(options.get("connect_args") or {}), connect_timeout
+        )
         engine = sa.create_engine(url, **options)
     except ImportError as exc:  # also SQLAlchemy's NoSuchModuleError
+        if "+" not in url.drivername and backend in _DRIVER_URLS:
+            driverless_url_error(url.drivername, masked_url, exc)
         raise ConfigurationError(
             f"Cannot load the database driver for `{masked_url}` ({exc}). Install it, "
             "e.g. `pip install afdb[postgres]` (or `[mysql]`, `[mssql]`)."
@@ -55,7 +89,58 @@ def create(
         ) from exc
     pgtypes.register(engine)
     utc_sessions(engine)
+    _bound_pymysql_handshake(engine, connect_timeout)
     return engine
+
+
+def driverless_url_error(drivername: str, masked_url: str, cause: Exception | None = None) -> None:
+    """Raise: a URL that names no driver (``mysql://``) selects one afdb does not install."""
+    example, extra = _DRIVER_URLS[drivername.partition("+")[0]]
+    form = example.split("://", 1)[0]
+    raise ConfigurationError(
+        f"The database URL `{masked_url}` names no driver (`{drivername}://`), which selects "
+        f"one afdb does not install. Use `{form}://`, e.g. `{example}`, with the `afdb[{extra}]` "
+        "extra."
+    ) from cause
+
+
+def _with_connect_timeout(
+    url: sa.URL, connect_args: dict[str, Any], timeout: float
+) -> dict[str, Any]:
+    """``connect_args`` with the driver's connect/login timeout, unless the URL or the caller
+    set it already. SQLite opens a file: nothing to bound."""
+    driver = url.get_driver_name()
+    option = {"psycopg": "connect_timeout", "psycopg2": "connect_timeout", "pymysql":
+              "connect_timeout", "pyodbc": "timeout"}.get(driver)  # fmt: skip
+    if option is None or option in connect_args or option in url.query:
+        return connect_args
+    if driver.startswith("psycopg"):
+        # libpq takes whole seconds and treats less than 2 as 2.
+        connect_args[option] = max(2, round(timeout))
+    elif driver == "pyodbc":
+        connect_args[option] = max(1, round(timeout))
+    else:
+        connect_args[option] = timeout
+    return connect_args
+
+
+def _bound_pymysql_handshake(engine: sa.Engine, timeout: float) -> None:
+    """PyMySQL's ``connect_timeout`` bounds only the TCP connect; the server's greeting and the
+    login are read with ``read_timeout`` (none by default), so a server that accepts and then
+    says nothing hangs the connect for ever. Bound those reads by the connect timeout, then
+    give the connection back its own read timeout for queries."""
+    if engine.dialect.driver != "pymysql":
+        return
+
+    @sa.event.listens_for(engine, "do_connect")
+    def _connect(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> Any:
+        query_timeout = cparams.get("read_timeout")
+        cparams["read_timeout"] = cparams.get("connect_timeout") or timeout
+        connection = dialect.loaded_dbapi.connect(*cargs, **cparams)
+        # PyMySQL keeps the query read timeout in `_read_timeout` and applies it before each
+        # read; there is no public setter.
+        connection._read_timeout = query_timeout
+        return connection
 
 
 def utc_sessions(engine: sa.Engine) -> None:

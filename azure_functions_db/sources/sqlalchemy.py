@@ -83,6 +83,11 @@ class SqlSource:
         on_null_cursor: ``"skip"`` counts and reports rows with a NULL cursor in :meth:`check`;
             ``"raise"`` makes :meth:`check` raise ``NullCursorError``.
         engine_options: Extra ``sqlalchemy.create_engine`` arguments.
+        connect_timeout: Seconds a new database connection may take (TCP connect, TLS and
+            login) before it fails as a transient error, so a hung server cannot hang a run.
+            Applied through the driver (psycopg ``connect_timeout``, PyMySQL ``connect_timeout``
+            with the handshake read bounded too, pyodbc login ``timeout``) unless the URL or
+            ``engine_options["connect_args"]`` sets the driver's own option. Default 10.
         soft_delete: Column that marks a row deleted: the row is delivered with
             ``Change.op == "delete"`` when the column is true (boolean or number) or, for any
             other type (e.g. a ``deleted_at`` time), not NULL. The update that sets it must also
@@ -109,6 +114,7 @@ class SqlSource:
         cursor_timezone: str | None = None,
         on_null_cursor: Literal["skip", "raise"] = "skip",
         engine_options: Mapping[str, Any] | None = None,
+        connect_timeout: float = engines.DEFAULT_CONNECT_TIMEOUT,
         soft_delete: str | None = None,
         horizon: HorizonStrategy | Literal["auto", "lag", "none"] | None = None,
         clock: Clock | None = None,
@@ -143,6 +149,7 @@ class SqlSource:
                 f"`{engine_options!r}`."
             )
         self._engine_options = dict(engine_options or {})
+        self._connect_timeout = engines.check_connect_timeout(connect_timeout)
         self._horizon: HorizonStrategy
         if horizon is None or horizon == "auto":
             self._horizon = AutoHorizon()
@@ -385,7 +392,13 @@ class SqlSource:
         return self._query
 
     def _create_engine(self, url: sa.URL) -> sa.Engine:
-        return engines.create(url, self._engine_options, self._masked_url, self._scrub)
+        return engines.create(
+            url,
+            self._engine_options,
+            self._masked_url,
+            self._scrub,
+            connect_timeout=self._connect_timeout,
+        )
 
     def _reflect(self, conn: sa.Connection) -> sa.Table:
         try:

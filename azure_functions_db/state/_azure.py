@@ -30,6 +30,7 @@ from azure.core.exceptions import (
 )
 
 from azure_functions_db.core.checkpoint import PollerKey
+from azure_functions_db.core.settings import check_resolved
 from azure_functions_db.errors import ConfigurationError, StateStoreError, TransientStoreError
 
 T = TypeVar("T")
@@ -75,6 +76,7 @@ def resolve_storage(settings: Mapping[str, str], setting: str) -> StorageTarget:
     quiet_sdk_request_logs()
     value = (settings.get(setting) or "").strip()
     if value:
+        check_resolved(setting, value, "the state store")
         if "=" not in value:
             raise ConfigurationError(
                 f"App setting `{setting}` does not look like a storage connection string. Use "

@@ -297,8 +297,10 @@ def _read_lease(path: Path) -> _common.LeaseRecord:
     except (ValueError, TypeError, KeyError, OverflowError, OSError) as exc:
         raise StateStoreError(
             f"Lease file `{path}` is corrupt ({exc!r}). Stop every instance of this poller, "
-            "then repair the file (keep its `fence` at least as high as the checkpoint's) or "
-            "delete it."
+            'then repair the file: write `{"fence": N, "lease_id": null, "owner": '
+            'null, "expires_at": null}` with N at least the checkpoint\'s fence (shown by '
+            "`afdb status`). Do not delete it: a new lease file restarts its fence at 1, below "
+            "the checkpoint's, and the poller then stops with FenceBehindCheckpointError."
         ) from exc
     return _common.LeaseRecord(fence=fence, lease_id=lease_id, owner=owner, expires_at=expires_at)
 
