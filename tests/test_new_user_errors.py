@@ -111,7 +111,7 @@ def test_ctrl_c_during_run_once_prints_one_line_and_acknowledges_nothing(app, tm
             time.sleep(0.05)
         assert started.exists(), proc.communicate(timeout=5)
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        _out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -162,7 +162,7 @@ def open_in_thread(source: afdb.SqlSource) -> BaseException | None:
     def target() -> None:
         try:
             source.open({})
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
+        except BaseException as exc:
             outcome.append(exc)
         else:
             outcome.append(None)
