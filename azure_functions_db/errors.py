@@ -187,9 +187,10 @@ class CheckpointCorruptError(StateStoreError):
 
 
 class PositionRegressionError(AfdbError):
-    """A commit tried to move the checkpoint to a position not strictly after the stored one.
+    """A commit of a batch that was not read after the stored position (or ends on it).
 
-    Positions only move forward; the only way back is an audited ``afdb seek``.
+    Positions only move forward, in the database's order: a batch may only be committed over
+    the position it was read after. The only way back is an audited ``afdb seek``.
     """
 
     def __init__(self, poller: str, stored: str, proposed: str) -> None:

@@ -167,15 +167,19 @@ class SourceRow:
 
 @dataclass(frozen=True)
 class Horizon:
-    """Exclusive upper bound on the leading cursor column for one batch, fixed before the read.
+    """Upper bounds of one batch, fixed before the read and applied by the database.
 
-    ``bound is None`` means no upper bound. ``method`` names how it was computed (``lag``,
-    ``none``, ...), ``detail`` says why when the safe method was unavailable.
+    ``bound``: exclusive upper bound on the leading cursor column (``None``: none).
+    ``until``: inclusive upper bound on the whole key ``(cursor..., pk...)``, compared by the
+    database in its own collation and type order (a backfill chunk's end; ``None``: none).
+    ``method`` names how ``bound`` was computed (``lag``, ``none``, ...), ``detail`` says why
+    when the safe method was unavailable.
     """
 
     bound: KeyValue | None
     method: str
     detail: str = ""
+    until: Position | None = None
 
 
 @dataclass(frozen=True)
@@ -219,14 +223,17 @@ class Source(Protocol):
     def fetch(self, after: Position | None, limit: int, horizon: Horizon) -> Sequence[SourceRow]:
         """Up to ``limit`` rows strictly after ``after`` and below ``horizon``, in keyset order.
 
-        ``after=None`` starts from the beginning. A position without pk values means "before
+        Both bounds are predicates in the query, so the database decides them in its own
+        collation and type order: rows after ``after``, with a leading cursor below
+        ``horizon.bound`` and a key at or below ``horizon.until``. ``after=None`` starts from
+        the beginning. A position without pk values means "before
         every row with this cursor". Rows whose cursor is NULL are never returned (see
         :meth:`check`). Transient database errors raise ``TransientSourceError``.
         """
         ...
 
     def latest(self, horizon: Horizon) -> Position | None:
-        """Position of the last row below ``horizon`` (for ``seek --now``), or ``None``."""
+        """Position of the last row below ``horizon`` (both its bounds; for ``seek --now``)."""
         ...
 
     def parse_cursor(self, text: str) -> tuple[KeyValue, ...]:

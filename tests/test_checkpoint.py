@@ -37,6 +37,7 @@ def test_full_record_round_trips():
             at=AT,
             rows=10,
             source=SOURCE,
+            read_after=None,
         )
         .failed(fence=3, error="boom")
         .sought(pos(1, Decimal(1)), fence=4, by="ops@host", at=AT, reason="why")  # type: ignore[arg-type]
@@ -49,12 +50,27 @@ def test_schema_number_is_inside_the_record():
     assert doc["schema"] == 1
 
 
-def test_only_forward():
-    cp = Checkpoint(key=KEY, fence=1).advanced(pos(5, 5), fence=1, at=AT, rows=1, source=None)
-    for proposed in (pos(5, 5), pos(5, 4), pos(4, 9)):
+def test_only_forward_means_read_after_the_stored_position():
+    """No Python order decides: a batch moves the checkpoint only if it was read after the
+    stored position (the database returned its rows for `key > stored`), onto a new one."""
+    cp = Checkpoint(key=KEY, fence=1).advanced(
+        pos(5, 5), fence=1, at=AT, rows=1, source=None, read_after=None
+    )
+    for proposed, read_after in ((pos(5, 5), pos(5, 5)), (pos(5, 6), pos(4, 9)), (pos(9, 9), None)):
         with pytest.raises(PositionNotForwardError):
-            cp.advanced(proposed, fence=1, at=AT, rows=1, source=None)
-    assert cp.advanced(pos(5, 6), fence=1, at=AT, rows=1, source=None).position == pos(5, 6)
+            cp.advanced(proposed, fence=1, at=AT, rows=1, source=None, read_after=read_after)
+    moved = cp.advanced(pos(5, 6), fence=1, at=AT, rows=1, source=None, read_after=pos(5, 5))
+    assert moved.position == pos(5, 6)
+    # Even a position Python would call "behind" is accepted when the database returned it
+    # after the stored one (a case-insensitive collation orders "B" before "a").
+    text = Checkpoint(key=KEY, fence=1).advanced(
+        Position(cursor=(1,), pk=("a",)), fence=1, at=AT, rows=1, source=None, read_after=None
+    )
+    after = Position(cursor=(1,), pk=("B",))
+    assert (
+        text.advanced(after, fence=1, at=AT, rows=1, source=None, read_after=text.position).position
+        == after
+    )
 
 
 def test_stale_fence_is_rejected_everywhere():
@@ -62,7 +78,7 @@ def test_stale_fence_is_rejected_everywhere():
     with pytest.raises(StaleFenceError):
         cp.fenced(6)
     with pytest.raises(StaleFenceError):
-        cp.advanced(pos(1, 1), fence=6, at=AT, rows=1, source=None)
+        cp.advanced(pos(1, 1), fence=6, at=AT, rows=1, source=None, read_after=None)
     with pytest.raises(StaleFenceError):
         cp.failed(fence=6, error="x")
     with pytest.raises(StaleFenceError):
@@ -74,13 +90,13 @@ def test_stale_fence_is_rejected_everywhere():
         cp.fenced(7)
     with pytest.raises(StaleFenceError):
         cp.sought(None, fence=7, by="x", at=AT, reason="")
-    assert cp.advanced(pos(1, 1), fence=7, at=AT, rows=1, source=None).fence == 7
+    assert cp.advanced(pos(1, 1), fence=7, at=AT, rows=1, source=None, read_after=None).fence == 7
 
 
 def test_advance_resets_attempts_and_counts_stats():
     cp = Checkpoint(key=KEY, fence=1).failed(fence=1, error="e").failed(fence=1, error="e")
     assert cp.attempts == 2
-    moved = cp.advanced(pos(1, 1), fence=1, at=AT, rows=4, source=SOURCE)
+    moved = cp.advanced(pos(1, 1), fence=1, at=AT, rows=4, source=SOURCE, read_after=None)
     assert (moved.attempts, moved.last_error, moved.stats.rows, moved.stats.batches) == (
         0,
         None,
@@ -90,7 +106,9 @@ def test_advance_resets_attempts_and_counts_stats():
 
 
 def test_seek_may_go_backwards_and_is_audited():
-    cp = Checkpoint(key=KEY, fence=1).advanced(pos(9, 9), fence=1, at=AT, rows=1, source=None)
+    cp = Checkpoint(key=KEY, fence=1).advanced(
+        pos(9, 9), fence=1, at=AT, rows=1, source=None, read_after=None
+    )
     back = cp.sought(pos(1, 1), fence=2, by="ops", at=AT, reason="replay")
     assert back.position == pos(1, 1)
     assert back.seek is not None
@@ -115,7 +133,9 @@ def test_corrupt_or_future_records_are_refused_with_a_reason(data, reason):
 
 def test_truncated_record_is_refused():
     data = encode_checkpoint(
-        Checkpoint(key=KEY, fence=1).advanced(pos(1, 1), fence=1, at=AT, rows=1, source=None)
+        Checkpoint(key=KEY, fence=1).advanced(
+            pos(1, 1), fence=1, at=AT, rows=1, source=None, read_after=None
+        )
     )
     with pytest.raises(CodecError):
         decode_checkpoint(data[: len(data) // 2])

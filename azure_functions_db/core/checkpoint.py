@@ -156,16 +156,23 @@ class Checkpoint:
         at: dt.datetime,
         rows: int,
         source: SourceDescription | None,
+        read_after: Position | None,
     ) -> Checkpoint:
         """The record after a successful batch ending at ``position``.
 
-        Enforces the only-forward rule (``position`` strictly after the stored one) and the
-        fence rule (the stored fence is not newer than ``fence``).
+        Enforces the only-forward rule and the fence rule (the stored fence is not newer than
+        ``fence``). Only forward, in the database's order: ``read_after`` is the position the
+        batch was read strictly after (the database returned its rows for ``key > read_after``,
+        so ``position`` is after it in the database's own collation and type order); it must
+        be the stored position, and ``position`` must differ from it. No Python comparison of
+        positions decides anything here, so the rule cannot disagree with the database.
         """
         if fence < self.fence:
             raise StaleFenceError(self.key, stored=self.fence, mine=fence)
-        if self.position is not None and not position > self.position:
-            raise PositionNotForwardError(self.key, stored=self.position, proposed=position)
+        if read_after != self.position or position == self.position:
+            raise PositionNotForwardError(
+                self.key, stored=self.position, proposed=position, read_after=read_after
+            )
         return replace(
             self,
             position=position,
@@ -225,13 +232,24 @@ class StaleFenceError(Exception):
 
 
 class PositionNotForwardError(Exception):
-    """Internal: a commit tried to move the position backwards or keep it in place."""
+    """Internal: a commit of a batch not read after the stored position, or ending on it."""
 
-    def __init__(self, key: PollerKey, *, stored: Position, proposed: Position) -> None:
+    def __init__(
+        self,
+        key: PollerKey,
+        *,
+        stored: Position | None,
+        proposed: Position,
+        read_after: Position | None,
+    ) -> None:
         self.key = key
         self.stored = stored
         self.proposed = proposed
-        super().__init__(f"checkpoint {key}: {proposed} is not after {stored}")
+        self.read_after = read_after
+        super().__init__(
+            f"checkpoint {key}: a batch read after {read_after} cannot move the stored position "
+            f"{stored} to {proposed}"
+        )
 
 
 def encode_checkpoint(cp: Checkpoint) -> bytes:

@@ -354,6 +354,7 @@ class Engine:
                 at=self.clock.now(),
                 rows=len(batch),
                 source=self.source.description,
+                read_after=batch.position_before,
             )
         except PositionNotForwardError as exc:
             raise PositionRegressionError(

@@ -133,19 +133,16 @@ def _plainly_valid(value: object) -> bool:
     return isinstance(value, _KEY_TYPES)
 
 
-def _sort_key(value: KeyValue) -> Any:
-    # UUIDs order by their 16 bytes, the way databases index them; everything else natively.
-    return value.bytes if isinstance(value, uuid.UUID) else value
-
-
 @dataclass(frozen=True, slots=True)
 class Position:
     """The key of the last acknowledged row: cursor values then primary-key values.
 
-    Positions are totally ordered by the tuple ``(cursor..., pk...)``, the same order the source
-    query uses (``ORDER BY cursor..., pk...``). A position with no pk values (made only by an
-    operator's ``seek --cursor``) sorts before every row with that cursor, so the next batch
-    starts *at* that cursor.
+    Positions have no order in Python, on purpose: the database orders the rows (a
+    case-insensitive or ICU collation, a UUID type, a float4 column order differently from
+    Python), so every "before/after" decision is a predicate in the source's SQL, never a Python
+    comparison. Positions compare only for equality (same values). A position with no pk values
+    (made only by an operator's ``seek --cursor``) means "before every row with that cursor", so
+    the next batch starts *at* that cursor.
     """
 
     cursor: tuple[KeyValue, ...]
@@ -173,35 +170,6 @@ class Position:
     def key(self) -> tuple[KeyValue, ...]:
         """The full keyset tuple, cursor values first."""
         return (*self.cursor, *self.pk)
-
-    def _cmp_key(self) -> tuple[Any, ...]:
-        return tuple(_sort_key(v) for v in self.key)
-
-    def __lt__(self, other: Position) -> bool:
-        return self._compare(other) < 0
-
-    def __le__(self, other: Position) -> bool:
-        return self._compare(other) <= 0
-
-    def __gt__(self, other: Position) -> bool:
-        return self._compare(other) > 0
-
-    def __ge__(self, other: Position) -> bool:
-        return self._compare(other) >= 0
-
-    def _compare(self, other: Position) -> int:
-        if len(self.cursor) != len(other.cursor) or (
-            self.pk and other.pk and len(self.pk) != len(other.pk)
-        ):
-            raise CodecError(f"cannot compare positions of different shapes: {self} and {other}")
-        try:
-            mine, theirs = self._cmp_key(), other._cmp_key()
-            return (mine > theirs) - (mine < theirs)
-        except TypeError as exc:
-            raise CodecError(
-                f"cannot compare positions {self} and {other}: {exc}. Did the type of a cursor "
-                "or key column change? Move the poller with `afdb seek`."
-            ) from exc
 
     def to_json(self) -> dict[str, list[EncodedValue]]:
         """The JSON-ready form: ``{"cursor": [...], "pk": [...]}`` of encoded values."""

@@ -75,6 +75,31 @@ def after_predicate(
     return predicate
 
 
+def upto_predicate(
+    columns: Sequence[ColumnElement[Any]],
+    values: Sequence[ColumnElement[Any]],
+    *,
+    row_values: bool = False,
+) -> ColumnElement[bool]:
+    """``columns <= values`` as tuples, in the nested form (the mirror of :func:`after_predicate`).
+
+    An inclusive upper bound the database evaluates in its own order: a backfill chunk's end.
+    """
+    if not columns or len(columns) != len(values):
+        raise ValueError("upto_predicate needs as many values as columns (at least one)")
+    if row_values and len(columns) > 1:
+        return sa.tuple_(*columns) <= sa.tuple_(*values)
+    predicate: ColumnElement[bool] = columns[-1] <= values[-1]
+    for column, value in zip(reversed(columns[:-1]), reversed(values[:-1]), strict=True):
+        predicate = sa.and_(column <= value, sa.or_(column < value, predicate))
+    return predicate
+
+
+def until_param(index: int) -> str:
+    """The bound-parameter name of the ``index``-th value of the inclusive upper key bound."""
+    return f"afdb_u{index}"
+
+
 class KeysetQuery:
     """The statements of one source, built once at ``open()`` and reused for every batch.
 
@@ -102,34 +127,44 @@ class KeysetQuery:
         self._key_params = tuple(
             sa.bindparam(key_param(i), type_=column.type) for i, column in enumerate(key)
         )
+        self._until_params = tuple(
+            sa.bindparam(until_param(i), type_=column.type) for i, column in enumerate(key)
+        )
         self._horizon_param = sa.bindparam(HORIZON_PARAM, type_=self.cursor[0].type)
-        self._base: dict[tuple[Start, bool], AnySelect] = {
-            (start, bounded): self._build(start, bounded)
+        self._base: dict[tuple[Start, bool, bool], AnySelect] = {
+            (start, bounded, until): self._build(start, bounded, until)
             for start in ("beginning", "after", "at")
             for bounded in (False, True)
+            for until in (False, True)
         }
-        self._limited: dict[tuple[Start, bool, int], AnySelect] = {}
-        self._latest = {bounded: self._build_latest(bounded) for bounded in (False, True)}
+        self._limited: dict[tuple[Start, bool, bool, int], AnySelect] = {}
+        self._latest = {
+            (bounded, until): self._build_latest(bounded, until)
+            for bounded in (False, True)
+            for until in (False, True)
+        }
 
     # -- statements -------------------------------------------------------------------------
 
-    def batch(self, start: Start, bounded: bool, limit: int) -> AnySelect:
-        """``SELECT ... WHERE <after> [AND lead < :horizon] ... ORDER BY key LIMIT limit``.
+    def batch(self, start: Start, bounded: bool, limit: int, *, until: bool = False) -> AnySelect:
+        """``SELECT ... WHERE <after> [AND lead < :horizon] [AND key <= :until] ORDER BY key
+        LIMIT limit``.
 
         ``.limit()`` lets each dialect render its own form (``LIMIT``, ``TOP``, ``FETCH``).
         """
-        cache_key = (start, bounded, limit)
+        cache_key = (start, bounded, until, limit)
         statement = self._limited.get(cache_key)
         if statement is None:
             if len(self._limited) >= _MAX_CACHED_LIMITS:
                 self._limited.clear()
-            statement = self._base[start, bounded].limit(limit)
+            statement = self._base[start, bounded, until].limit(limit)
             self._limited[cache_key] = statement
         return statement
 
-    def latest(self, bounded: bool) -> AnySelect:
-        """The key of the last row (below ``:afdb_horizon`` when ``bounded``)."""
-        return self._latest[bounded]
+    def latest(self, bounded: bool, *, until: bool = False) -> AnySelect:
+        """The key of the last row (below ``:afdb_horizon`` when ``bounded``, at or below the
+        ``until`` key when ``until``)."""
+        return self._latest[bounded, until]
 
     def null_counts(self) -> AnySelect:
         """One row: rows with any NULL cursor column, then the NULL count of each column."""
@@ -150,15 +185,24 @@ class KeysetQuery:
         return "after" if after.pk else "at"
 
     def parameters(
-        self, after: Position | None, horizon: KeyValue | None, user: Mapping[str, Any]
+        self,
+        after: Position | None,
+        horizon: KeyValue | None,
+        user: Mapping[str, Any],
+        until: Position | None = None,
     ) -> dict[str, Any]:
-        """Execution parameters: the user's filter values, the key values, the horizon."""
+        """Execution parameters: the user's filter values, the key values, the bounds."""
         values: dict[str, Any] = dict(user)
         if after is not None:
             for i, value in enumerate(after.key):
                 values[key_param(i)] = value
         if horizon is not None:
             values[HORIZON_PARAM] = horizon
+        if until is not None:
+            if len(until.key) != len(self._until_params):
+                raise ValueError(f"an upper key bound needs every key column, not {until}")
+            for i, value in enumerate(until.key):
+                values[until_param(i)] = value
         return values
 
     # -- building ---------------------------------------------------------------------------
@@ -166,7 +210,7 @@ class KeysetQuery:
     def _filtered(self, statement: AnySelect) -> AnySelect:
         return statement if self.where is None else statement.where(self.where)
 
-    def _guards(self, start: Start, bounded: bool) -> list[ColumnElement[bool]]:
+    def _guards(self, start: Start, bounded: bool, until: bool) -> list[ColumnElement[bool]]:
         conditions: list[ColumnElement[bool]] = []
         if start == "after":
             key = (*self.cursor, *self.pk)
@@ -178,20 +222,24 @@ class KeysetQuery:
             )
         if bounded:
             conditions.append(self.cursor[0] < self._horizon_param)
+        if until:
+            key = (*self.cursor, *self.pk)
+            conditions.append(upto_predicate(key, self._until_params, row_values=self.row_values))
         # The comparisons above already exclude a NULL leading cursor; later cursor columns
         # (and the leading one when nothing compares it) need an explicit guard.
-        guarded_lead = start != "beginning" or bounded
+        guarded_lead = start != "beginning" or bounded or until
         conditions.extend(
             column.is_not(None) for i, column in enumerate(self.cursor) if i > 0 or not guarded_lead
         )
         return conditions
 
-    def _build(self, start: Start, bounded: bool) -> AnySelect:
-        statement = sa.select(*self.selected).where(*self._guards(start, bounded))
+    def _build(self, start: Start, bounded: bool, until: bool) -> AnySelect:
+        statement = sa.select(*self.selected).where(*self._guards(start, bounded, until))
         return self._filtered(statement).order_by(*self.cursor, *self.pk)
 
-    def _build_latest(self, bounded: bool) -> AnySelect:
-        statement = sa.select(*self.cursor, *self.pk).where(*self._guards("beginning", bounded))
+    def _build_latest(self, bounded: bool, until: bool) -> AnySelect:
+        guards = self._guards("beginning", bounded, until)
+        statement = sa.select(*self.cursor, *self.pk).where(*guards)
         order = [column.desc() for column in (*self.cursor, *self.pk)]
         return self._filtered(statement).order_by(*order).limit(1)
 

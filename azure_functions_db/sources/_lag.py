@@ -25,10 +25,10 @@ from azure_functions_db.sources._keyset import KeysetQuery
 
 
 def backlog_statement(
-    query: KeysetQuery, after: Position | None, bounded: bool, cap: int
+    query: KeysetQuery, after: Position | None, bounded: bool, cap: int, *, until: bool = False
 ) -> sa.Select[int]:
     """``SELECT count(*)`` over the next ``cap`` keys after ``after`` (below the horizon)."""
-    keys = query.batch(query.start_of(after), bounded, cap).with_only_columns(
+    keys = query.batch(query.start_of(after), bounded, cap, until=until).with_only_columns(
         *query.cursor, *query.pk, maintain_column_froms=True
     )
     return sa.select(sa.func.count()).select_from(keys.subquery("afdb_backlog"))
@@ -46,7 +46,9 @@ def rows_after(
     """Rows strictly after ``after`` and below ``horizon``'s bound, counting at most ``cap``."""
     if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
         raise ValueError(f"`cap={cap!r}` must be a positive number of rows")
-    statement = backlog_statement(query, after, horizon.bound is not None, cap)
-    parameters = query.parameters(after, horizon.bound, params)
+    statement = backlog_statement(
+        query, after, horizon.bound is not None, cap, until=horizon.until is not None
+    )
+    parameters = query.parameters(after, horizon.bound, params, horizon.until)
     count: int = conn.execute(statement, parameters).scalar_one()
     return count

@@ -301,8 +301,8 @@ class SqlSource:
     def latest(self, horizon: Horizon) -> Position | None:
         """Position of the last row below ``horizon`` (for ``seek --now``), or ``None``."""
         query = self._require_open()
-        statement = query.latest(horizon.bound is not None)
-        parameters = query.parameters(None, horizon.bound, self._params)
+        statement = query.latest(horizon.bound is not None, until=horizon.until is not None)
+        parameters = query.parameters(None, horizon.bound, self._params, horizon.until)
         with self._db_errors("latest"), self.engine.connect() as conn:
             row = conn.execute(statement, parameters).first()
         if row is None:
@@ -458,8 +458,10 @@ class SqlSource:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ConfigurationError(f"`limit={limit!r}` must be a positive number of rows.")
         self._check_position(after, query)
-        statement = query.batch(query.start_of(after), horizon.bound is not None, limit)
-        parameters = query.parameters(after, horizon.bound, self._params)
+        statement = query.batch(
+            query.start_of(after), horizon.bound is not None, limit, until=horizon.until is not None
+        )
+        parameters = query.parameters(after, horizon.bound, self._params, horizon.until)
         with self._db_errors("fetch"), self.engine.connect() as conn:
             return conn.execute(statement, parameters).all()
 

@@ -11,7 +11,6 @@ namespace of the checkpoint. This module imports no pyspark: it is what a Spark 
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import logging
 import time
@@ -37,10 +36,11 @@ BACKFILL_HORIZON = Horizon(bound=None, method="backfill", detail="rows up to H0 
 class BoundedSource:
     """The rows of ``inner`` up to and including ``end`` (a :class:`~ports.Source`).
 
-    ``fetch`` reads a batch from ``inner`` and drops the rows after ``end``; the batch that
-    crosses ``end`` is short, which ends the engine's run as caught up. The cost is at most one
-    batch of rows read past the end per chunk. ``check`` is done once by the backfill driver,
-    not per chunk.
+    The end is a predicate of the query (``Horizon.until``), so the database decides which rows
+    are at or below it in its own collation and type order (a case-insensitive collation or a
+    UUID type orders differently from Python). The batch that reaches ``end`` is short, which
+    ends the engine's run as caught up. ``check`` is done once by the backfill driver, not per
+    chunk.
     """
 
     def __init__(self, inner: Source, end: Position) -> None:
@@ -55,17 +55,13 @@ class BoundedSource:
         self.inner.open(settings)
 
     def horizon(self) -> Horizon:
-        return BACKFILL_HORIZON
+        return dataclasses.replace(BACKFILL_HORIZON, until=self.end)
 
     def fetch(self, after: Position | None, limit: int, horizon: Horizon) -> Sequence[SourceRow]:
-        rows = self.inner.fetch(after, limit, horizon)
-        if rows and rows[-1].position > self.end:
-            keep = bisect.bisect_right([r.position for r in rows], self.end)
-            return rows[:keep]
-        return rows
+        return self.inner.fetch(after, limit, dataclasses.replace(horizon, until=self.end))
 
     def latest(self, horizon: Horizon) -> Position | None:
-        return self.inner.latest(horizon)
+        return self.inner.latest(dataclasses.replace(horizon, until=self.end))
 
     def parse_cursor(self, text: str) -> tuple[KeyValue, ...]:
         return self.inner.parse_cursor(text)
@@ -196,8 +192,15 @@ def _mark_finished(store: StateStore, engine: Engine, chunk: ChunkRange) -> bool
                 cfg.key.poller, cfg.namespace, grant.fence, exc.stored
             ) from exc
         etag = store.replace(claimed, stored.etag)
+        # The engine's last run read the rows after `current` up to `end` in the database's
+        # order and found none left: the range is done, whatever Python would say of the two.
         moved = claimed.advanced(
-            chunk.end, fence=grant.fence, at=engine.clock.now(), rows=0, source=None
+            chunk.end,
+            fence=grant.fence,
+            at=engine.clock.now(),
+            rows=0,
+            source=None,
+            read_after=current.position,
         )
         store.replace(dataclasses.replace(moved, stats=claimed.stats), etag)
         return True

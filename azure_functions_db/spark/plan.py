@@ -41,7 +41,7 @@ from azure_functions_db.operations import move_checkpoint
 from azure_functions_db.poller import PollerDefinition
 from azure_functions_db.ports import BacklogSource, Horizon, Source, StateStore
 from azure_functions_db.sources import SqlSource
-from azure_functions_db.sources._keyset import after_predicate
+from azure_functions_db.sources._keyset import after_predicate, upto_predicate
 from azure_functions_db.spark.records import (
     ChunkRange,
     RunRecord,
@@ -125,7 +125,7 @@ def plan_chunks(
     At most ``partitions`` chunks, and none much smaller than ``min_rows`` (the batch size).
     A source that is not a :class:`SqlSource` gets one chunk and no estimate.
     """
-    if end is None or (start is not None and end < start):
+    if end is None:
         return [], 0
     if not isinstance(source, SqlSource):
         return [ChunkRange(0, start, end)], 0
@@ -133,6 +133,8 @@ def plan_chunks(
         total = _count(source, start, end)
     except sa_exc.SQLAlchemyError as exc:
         raise _planning_error(source, exc) from exc
+    if start is not None and total == 0:  # `--from` at or past the end: nothing to replay
+        return [], 0
     estimate = total
     if source.description.where is not None and isinstance(source, BacklogSource):
         estimate = source.rows_after(start, _NO_HORIZON, _NO_CAP) - source.rows_after(
@@ -179,9 +181,22 @@ def _ranged(
         predicate, start_params = _after(source, start, "afdb_s")
         statement, params = statement.where(predicate), {**params, **start_params}
     if end is not None:
-        predicate, end_params = _after(source, end, "afdb_e")
-        statement, params = statement.where(sa.not_(predicate)), {**params, **end_params}
+        statement, params = statement.where(_upto(source, end)), {**params, **_upto_params(end)}
     return statement, params
+
+
+def _upto(source: SqlSource, end: Position) -> sa.ColumnElement[bool]:
+    """``key <= end``, evaluated by the database in its own collation and type order."""
+    key, _ = _key(source)
+    values = [
+        sa.bindparam(name, type_=column.type)
+        for name, column in zip(_upto_params(end), key, strict=True)
+    ]
+    return upto_predicate(key, values, row_values=source.engine.dialect.name == "postgresql")
+
+
+def _upto_params(end: Position) -> dict[str, KeyValue]:
+    return {f"afdb_e{i}": value for i, value in enumerate(end.key)}
 
 
 def _count(source: SqlSource, start: Position | None, end: Position) -> int:
@@ -196,19 +211,22 @@ def _count(source: SqlSource, start: Position | None, end: Position) -> int:
 def _walk(
     source: SqlSource, start: Position | None, end: Position, step: int, boundaries: int
 ) -> list[Position]:
-    """Up to ``boundaries`` keys, ``step`` rows apart, after ``start`` and before ``end``."""
+    """Up to ``boundaries`` keys, ``step`` rows apart, after ``start`` and before ``end``.
+
+    ``end`` bounds the walk inside the query (the database's order decides, not Python's).
+    """
     key, ncursor = _key(source)
     found: list[Position] = []
     after = start
     with source.engine.connect() as conn:
         for _ in range(boundaries):
-            statement, params = _ranged(source, sa.select(*key), after, None)
+            statement, params = _ranged(source, sa.select(*key), after, end)
             statement = statement.order_by(*key).offset(step - 1).limit(1)
             row = conn.execute(statement, params).first()
             if row is None:
                 break
             position = Position(cursor=tuple(row[:ncursor]), pk=tuple(row[ncursor:]))
-            if position >= end:
+            if position == end:  # the end itself is the last chunk's end, not a boundary
                 break
             found.append(position)
             after = position
@@ -255,8 +273,8 @@ def prepare_run(
     lower = Position(cursor=start, pk=()) if start else None
     upper = h0
     if end is not None and h0 is not None:
-        below = source.latest(Horizon(bound=end[0], method="to"))
-        upper = None if below is None else min(below, h0)
+        # The last row before `--to` and at or below H0: both bounds applied by the database.
+        upper = source.latest(Horizon(bound=end[0], method="to", until=h0))
     chunks, estimate = plan_chunks(source, lower, upper, partitions, definition.config.batch_size)
     for chunk in chunks:
         _store_chunk(definition, store, namespace, run_id, chunk, by=by, now=now)

@@ -89,8 +89,13 @@ class ChunkRange:
     end: Position
 
     def finished(self, checkpoint: Checkpoint) -> bool:
-        """Whether the chunk's checkpoint has reached the end of its range."""
-        return checkpoint.position is not None and checkpoint.position >= self.end
+        """Whether the chunk's checkpoint has reached the end of its range.
+
+        Equality, not order: a chunk is marked finished by moving its checkpoint to ``end``
+        exactly, once a run has read the rows up to ``end`` (a bound the database applies) and
+        found none left. A last batch that ends on ``end`` itself finishes it too.
+        """
+        return checkpoint.position == self.end
 
 
 @dataclass(frozen=True)

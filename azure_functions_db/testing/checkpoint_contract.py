@@ -205,11 +205,22 @@ class CheckpointStoreContract(StoreHarness):
     ) -> None:
         etag = store.create(checkpoint_for(key, 5, fence=1))
         stored = self._read(store, key).checkpoint
-        for behind in (Position((5,), (5,)), Position((4,), (99,))):
+        here = stored.position
+        # Only a batch read after the stored position may move it, and not onto itself; no
+        # Python comparison of the positions is involved (the database ordered the batch).
+        for proposed, read_after in (
+            (Position((5,), (5,)), here),  # stays in place
+            (Position((5,), (6,)), Position((4,), (99,))),  # read after another position
+            (Position((5,), (6,)), None),  # read from the beginning
+        ):
             with pytest.raises(PositionNotForwardError):
-                stored.advanced(behind, fence=1, at=clock.now(), rows=1, source=None)
+                stored.advanced(
+                    proposed, fence=1, at=clock.now(), rows=1, source=None, read_after=read_after
+                )
         assert self._read(store, key).etag == etag
-        ahead = stored.advanced(Position((5,), (6,)), fence=1, at=clock.now(), rows=1, source=None)
+        ahead = stored.advanced(
+            Position((5,), (6,)), fence=1, at=clock.now(), rows=1, source=None, read_after=here
+        )
         store.replace(ahead, etag)
         assert self._read(store, key).checkpoint.position == Position((5,), (6,))
 

@@ -72,7 +72,12 @@ class StateStoreContract(CheckpointStoreContract, LeaseManagerContract):
         fenced_etag = store.replace(new_view.checkpoint.fenced(new.fence), new_view.etag)
 
         stale = old_view.checkpoint.advanced(
-            Position((5,), (5,)), fence=old.fence, at=clock.now(), rows=5, source=None
+            Position((5,), (5,)),
+            fence=old.fence,
+            at=clock.now(),
+            rows=5,
+            source=None,
+            read_after=old_view.checkpoint.position,
         )
         with pytest.raises(CheckpointConflictError) as info:
             store.replace(stale, old_view.etag)
@@ -84,10 +89,20 @@ class StateStoreContract(CheckpointStoreContract, LeaseManagerContract):
         # Re-reading does not help the old owner: the core refuses its fence.
         with pytest.raises(StaleFenceError):
             current.checkpoint.advanced(
-                Position((5,), (5,)), fence=old.fence, at=clock.now(), rows=5, source=None
+                Position((5,), (5,)),
+                fence=old.fence,
+                at=clock.now(),
+                rows=5,
+                source=None,
+                read_after=current.checkpoint.position,
             )
         committed = current.checkpoint.advanced(
-            Position((5,), (5,)), fence=new.fence, at=clock.now(), rows=5, source=None
+            Position((5,), (5,)),
+            fence=new.fence,
+            at=clock.now(),
+            rows=5,
+            source=None,
+            read_after=current.checkpoint.position,
         )
         store.replace(committed, current.etag)
         assert self._read(store, key).checkpoint.position == Position((5,), (5,))
