@@ -661,15 +661,36 @@ def test_check_warns_without_a_keyset_index(tmp_path, opened, caplog):
     assert indexed.check().warnings == ()
 
 
-def test_check_warns_about_sqlite_datetimes_not_written_by_sqlalchemy(tmp_path, opened):
+def test_sqlite_datetimes_in_two_text_formats_are_refused_with_the_fix(tmp_path, opened):
+    """`12:00:00.000000` (SQLAlchemy) beside `12:00:00` (CURRENT_TIMESTAMP): no bound position
+    can select its own row in both formats, so the source refuses to poll instead of warning."""
     url = orders(tmp_path / "db", [{"id": 1, "updated_at": T0, "status": "x"}])
     with sqlite3.connect(tmp_path / "db") as conn:
         conn.execute("INSERT INTO orders VALUES (2, '2026-01-01 12:00:00', 'raw')")
     conn.close()
+    with pytest.raises(SourceDefinitionError) as err:
+        SqlSource(url, "orders", "updated_at").open({})
+    assert "several text formats" in str(err.value)
+    assert "strftime" in str(err.value)
+
+
+def test_sqlite_datetime_format_written_after_start_is_detected(tmp_path, opened):
+    """An empty table at start: the format is read from the first rows, then kept; rows in
+    another format later stop the poller at its next check instead of being skipped."""
+    url = orders(tmp_path / "db", [])
     source = open_source(opened, url, "orders", "updated_at")
-    (warning,) = source.check().warnings
-    assert "1 row(s)" in warning
-    assert "strftime" in warning
+    with sqlite3.connect(tmp_path / "db") as conn:
+        conn.executemany(
+            "INSERT INTO orders VALUES (?, ?, 'raw')",
+            [(1, "2026-01-01T12:00:00"), (2, "2026-01-01T12:00:00"), (3, "2026-01-01T12:00:01")],
+        )
+    conn.close()
+    assert [r.position.pk[0] for r in drain(source, 1)] == [1, 2, 3]
+    with sqlite3.connect(tmp_path / "db") as conn:
+        conn.execute("INSERT INTO orders VALUES (4, '2026-01-01 12:00:02', 'raw')")
+    conn.close()
+    with pytest.raises(SourceDefinitionError, match="several text formats"):
+        source.check()
 
 
 def test_missing_table_names_it_and_lists_the_tables_that_exist(tmp_path):

@@ -6,17 +6,15 @@ date-times stored in a text format that does not compare like the bound position
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 
 from azure_functions_db.sources._keyset import KeysetQuery
-from azure_functions_db.sources._values import column_kind
 
 # SQLAlchemy stores SQLite DATETIME values as `YYYY-MM-DD HH:MM:SS.ffffff`, 26 characters.
-_SQLITE_DATETIME_LENGTH = 26
 
 
 @dataclass(frozen=True)
@@ -86,31 +84,3 @@ def index_warning(
         conn, query.table, cursor=query.cursor, pk=query.pk, qualified=qualified, schema=schema
     )
     return found.warning
-
-
-def sqlite_datetime_warning(
-    conn: sa.Connection, query: KeysetQuery, params: Mapping[str, Any], qualified: str
-) -> str | None:
-    """A warning when a SQLite date-time cursor holds text SQLAlchemy did not write.
-
-    SQLite keeps date-times as text and compares them as text: a row written as
-    ``2026-01-01 12:00:00`` (``CURRENT_TIMESTAMP``) sorts *before* the bound position
-    ``2026-01-01 12:00:00.000000`` of that same row, so rows tied with a checkpoint are skipped.
-    """
-    lead = query.cursor[0]
-    if conn.dialect.name != "sqlite" or column_kind(lead) != "datetime":
-        return None
-    statement = sa.select(sa.func.count()).select_from(query.table)
-    statement = statement.where(lead.is_not(None), sa.func.length(lead) != _SQLITE_DATETIME_LENGTH)
-    if query.where is not None:
-        statement = statement.where(query.where)
-    rows = int(conn.execute(statement, dict(params)).scalar_one())
-    if not rows:
-        return None
-    return (
-        f"{rows} row(s) of `{qualified}` store `{lead.name}` in a text format other than "
-        "`YYYY-MM-DD HH:MM:SS.ffffff`. SQLite compares date-times as text, so such rows can be "
-        "skipped when tied with a checkpoint. Rewrite them: "
-        f"`UPDATE {qualified} SET {lead.name} = strftime('%Y-%m-%d %H:%M:%f', {lead.name}) "
-        "|| '000'`."
-    )

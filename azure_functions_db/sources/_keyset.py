@@ -43,6 +43,21 @@ HORIZON_PARAM = "afdb_horizon"
 _MAX_CACHED_LIMITS = 8
 
 
+def bound_value(name: str, column: ColumnElement[Any]) -> ColumnElement[Any]:
+    """The bound parameter ``name`` for a value of ``column``, in the column's own type.
+
+    Drivers send a Python float as a double: against a single-precision column (PostgreSQL
+    ``real``, MySQL ``FLOAT``, SQL Server ``real``) the column is widened for the comparison,
+    so the value the driver returned for a row (``0.1``) no longer equals that row
+    (``0.100000001...``) and a position would not select its own row with ``=`` nor exclude it
+    with ``>``. A cast to the column's type compares them in the column's precision.
+    """
+    param = sa.bindparam(name, type_=column.type)
+    if isinstance(column.type, sa.Float):
+        return sa.cast(param, column.type)
+    return param
+
+
 def key_param(index: int) -> str:
     """The bound-parameter name of the ``index``-th value of the key tuple."""
     return f"afdb_k{index}"
@@ -124,11 +139,9 @@ class KeysetQuery:
         self.pk = tuple(pk)
         self.where = where
         key = (*self.cursor, *self.pk)
-        self._key_params = tuple(
-            sa.bindparam(key_param(i), type_=column.type) for i, column in enumerate(key)
-        )
+        self._key_params = tuple(bound_value(key_param(i), column) for i, column in enumerate(key))
         self._until_params = tuple(
-            sa.bindparam(until_param(i), type_=column.type) for i, column in enumerate(key)
+            bound_value(until_param(i), column) for i, column in enumerate(key)
         )
         self._horizon_param = sa.bindparam(HORIZON_PARAM, type_=self.cursor[0].type)
         self._base: dict[tuple[Start, bool, bool], AnySelect] = {

@@ -41,6 +41,7 @@ from azure_functions_db.sources import _config as config
 from azure_functions_db.sources import _engine as engines
 from azure_functions_db.sources import _health as health
 from azure_functions_db.sources import _lag as backlog
+from azure_functions_db.sources import _sqlite_times as sqlite_times
 from azure_functions_db.sources._errors import translate
 from azure_functions_db.sources._horizon import (
     AutoHorizon,
@@ -165,6 +166,7 @@ class SqlSource:
                 'default), `"lag"`, `"none"`, or an object with `name`, `prepare()` and `bound()`.'
             )
         self._clock: Clock = clock or SystemClock()
+        self._text_times: list[sqlite_times.TextDateTime] = []
         self._engine: sa.Engine | None = None
         self._query: KeysetQuery | None = None
         self._masked_url = config.masked_url(url)
@@ -235,6 +237,8 @@ class SqlSource:
         try:
             with self._db_errors("reflect"), engine.connect() as conn:
                 table = self._reflect(conn)
+                keys = (*self._cursor_names, *(self._pk_names or ()))
+                self._text_times = sqlite_times.adopt(conn, table, keys, self._qualified)
             self._engine, self._query = engine, self._build(table, engine.dialect.name)
             names = tuple(column.name for column in self._query.selected)
             self._shape = RowShape(
@@ -343,8 +347,8 @@ class SqlSource:
             counts = conn.execute(query.null_counts(), dict(self._params)).one()
             findings = [
                 health.index_warning(conn, query, self._qualified, self._schema),
-                health.sqlite_datetime_warning(conn, query, self._params, self._qualified),
             ]
+            sqlite_times.recheck(conn, query.table, self._text_times, self._qualified)
         warnings: list[str] = []
         null_rows = int(counts[0])
         if null_rows:
@@ -458,6 +462,9 @@ class SqlSource:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ConfigurationError(f"`limit={limit!r}` must be a positive number of rows.")
         self._check_position(after, query)
+        if any(t.text_format is None for t in self._text_times):
+            with self._db_errors("fetch"), self.engine.connect() as conn:
+                sqlite_times.recheck(conn, query.table, self._text_times, self._qualified)
         statement = query.batch(
             query.start_of(after), horizon.bound is not None, limit, until=horizon.until is not None
         )

@@ -41,7 +41,7 @@ from azure_functions_db.operations import move_checkpoint
 from azure_functions_db.poller import PollerDefinition
 from azure_functions_db.ports import BacklogSource, Horizon, Source, StateStore
 from azure_functions_db.sources import SqlSource
-from azure_functions_db.sources._keyset import after_predicate, upto_predicate
+from azure_functions_db.sources._keyset import after_predicate, bound_value, upto_predicate
 from azure_functions_db.spark.records import (
     ChunkRange,
     RunRecord,
@@ -163,9 +163,7 @@ def _after(
     key, ncursor = _key(source)
     columns = key if position.pk else key[:ncursor]
     params = {f"{prefix}{i}": value for i, value in enumerate(position.key)}
-    values = [
-        sa.bindparam(name, type_=column.type) for name, column in zip(params, columns, strict=True)
-    ]
+    values = [bound_value(name, column) for name, column in zip(params, columns, strict=True)]
     row_values = source.engine.dialect.name == "postgresql"
     predicate = after_predicate(columns, values, inclusive=not position.pk, row_values=row_values)
     return predicate, params
@@ -189,8 +187,7 @@ def _upto(source: SqlSource, end: Position) -> sa.ColumnElement[bool]:
     """``key <= end``, evaluated by the database in its own collation and type order."""
     key, _ = _key(source)
     values = [
-        sa.bindparam(name, type_=column.type)
-        for name, column in zip(_upto_params(end), key, strict=True)
+        bound_value(name, column) for name, column in zip(_upto_params(end), key, strict=True)
     ]
     return upto_predicate(key, values, row_values=source.engine.dialect.name == "postgresql")
 
