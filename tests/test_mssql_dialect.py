@@ -465,7 +465,7 @@ def test_latest_is_top_1_in_descending_key_order(recorder, sources):
 
 
 def test_null_count_statement_and_check(recorder, sources, caplog):
-    source = opened(sources, GivenTableSource(orders(mssql.DATETIME2(7)), recorder, "rv"))
+    source = opened(sources, GivenTableSource(orders(mssql.DATETIME2(6)), recorder, "rv"))
     recorder.take()
     recorder.answer("count(*)", ["rows", "null_0"], [(3, 3)])
     recorder.catalog = Catalog("orders", primary_key=["id"], indexes={"ix_status": ["status"]})
@@ -597,7 +597,7 @@ def test_a_datetime2_cursor_falls_back_loudly_once(recorder, sources, caplog, la
     with caplog.at_level(logging.WARNING, "azure_functions_db"):
         source = opened(
             sources,
-            GivenTableSource(orders(mssql.DATETIME2(7)), recorder, "rv", horizon=horizon, lag=lag),
+            GivenTableSource(orders(mssql.DATETIME2(6)), recorder, "rv", horizon=horizon, lag=lag),
         )
         first = source.horizon()
         second = source.horizon()
@@ -715,3 +715,43 @@ def test_a_driver_error_during_a_read_names_the_masked_url(recorder, sources):
     assert "app:***@sql.example" in message
     assert _leaks(message) == []
     assert _leaks("".join(traceback.format_exception(raised.value))) == []  # causes included
+
+
+# --------------------------------------------------------------------------------------------
+# date-time types whose values Python cannot hold exactly
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "cursor_type", [mssql.DATETIME2(7), mssql.DATETIME2(), mssql.DATETIMEOFFSET(7)]
+)
+def test_a_100ns_datetime_cursor_is_refused_when_the_source_opens(recorder, cursor_type):
+    """datetime2(7) keeps 100 ns, Python 1 us: a position could not select its own row."""
+    source = GivenTableSource(orders(cursor_type), recorder, "rv", horizon="none")
+    with pytest.raises(SourceError, match=r"100 ns.*datetime2\(6\)"):
+        source.open({})
+    source.close()
+
+
+@pytest.mark.parametrize("cursor_type", [mssql.DATETIME(), mssql.SMALLDATETIME(), sa.REAL()])
+def test_rounded_types_bind_the_position_cast_to_the_column_type(recorder, sources, cursor_type):
+    """DATETIME's 1/300 s ticks and REAL's float4 compare the bound in the column's own type."""
+    source = opened(sources, GivenTableSource(orders(cursor_type), recorder, "rv", horizon="none"))
+    recorder.take()
+    after = Position(cursor=(dt.datetime(2026, 1, 1, 0, 0, 0, 3000),), pk=(7,))
+    if isinstance(cursor_type, sa.REAL):
+        after = Position(cursor=(0.1,), pk=(7,))
+    recorder.answer("SELECT TOP 4", ["id", "rv", "status"], [])
+    source.fetch(after, 4, NO_HORIZON)
+    sql = only(recorder.take()).sql
+    assert sql.count(f"CAST(? AS {cursor_type.compile(dialect=mssql.dialect())})") == 2, sql
+
+
+def test_datetime2_6_binds_without_a_cast(recorder, sources):
+    source = opened(
+        sources, GivenTableSource(orders(mssql.DATETIME2(6)), recorder, "rv", horizon="none")
+    )
+    recorder.take()
+    recorder.answer("SELECT TOP 4", ["id", "rv", "status"], [])
+    source.fetch(Position(cursor=(dt.datetime(2026, 1, 1),), pk=(7,)), 4, NO_HORIZON)
+    assert "CAST" not in only(recorder.take()).sql

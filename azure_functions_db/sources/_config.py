@@ -18,6 +18,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects import mssql
 from sqlalchemy.sql import visitors
 from sqlalchemy.sql.elements import ColumnClause, ColumnElement, TextClause
 
@@ -320,3 +321,23 @@ def resolve_where(
             "reads one table. Use a correlated `sa.exists()` subquery instead."
         )
     return resolved
+
+
+def check_round_trip(columns: Sequence[sa.Column[Any]], qualified: str) -> None:
+    """Refuse a cursor or key column whose values Python cannot hold exactly.
+
+    SQL Server's ``DATETIME2(7)``, ``DATETIMEOFFSET(7)`` and ``TIME(7)`` keep 100 ns; Python's
+    datetime keeps 1 us, so the position of a row at ``.1234567`` would bind back as
+    ``.123456``, select no row with ``=`` and never exclude its own row with ``>``.
+    """
+    for column in columns:
+        precision = getattr(column.type, "precision", None)
+        if isinstance(column.type, mssql.DATETIME2 | mssql.DATETIMEOFFSET | mssql.TIME) and (
+            precision is None or precision > 6
+        ):
+            raise SourceDefinitionError(
+                f"Column `{column.name}` of `{qualified}` is `{column.type}` with 100 ns "
+                "precision, which Python's datetime cannot hold (1 us): a position could not "
+                "select its own row. Use a `rowversion` cursor, or a `datetime2(6)` column "
+                f"(`ALTER TABLE {qualified} ALTER COLUMN {column.name} datetime2(6)`)."
+            )

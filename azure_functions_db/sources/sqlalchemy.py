@@ -436,6 +436,7 @@ class SqlSource:
             flag = config.table_column(table, self._soft_delete, "soft_delete")
             selected += [flag] if flag not in selected else []
         resolved = config.resolve_where(self._where, table, selected, self._qualified)
+        config.check_round_trip((*cursor, *pk), self._qualified)
         return KeysetQuery(
             table,
             selected=selected,
