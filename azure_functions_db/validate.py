@@ -1,13 +1,15 @@
 """``afdb validate``: check each poller of an app without running it.
 
 For every poller: the schedule and the ``%SETTING%`` references resolve; the source opens (table
-and columns exist); an index supports the keyset query; which horizon method ``auto`` chose and
-the privileges it needs; how many rows have a NULL cursor; and the checkpoint in the poller's
-state store, compared with the current source definition by the same rules the engine applies
-before a run (:mod:`azure_functions_db.core.source_change`).
+and columns exist); a checkpoint can hold the cursor and key values, and they find their row
+again; an index supports the keyset query; which horizon method ``auto`` chose and the privileges
+it needs; how many rows have a NULL cursor; and the checkpoint in the poller's state store,
+compared with the current source definition by the same rules the engine applies before a run
+(:mod:`azure_functions_db.core.source_change`).
 
-Read-only: it opens the source (and closes it again), reads the checkpoint, and never takes the
-lease or writes anything. The result is data (:class:`PollerValidation`); the CLI only renders it.
+Read-only: it opens the source (and closes it again), reads the key of the first row, reads the
+checkpoint, and never takes the lease or writes anything. The result is data
+(:class:`PollerValidation`); the CLI only renders it.
 Levels: ``ok``, ``warning`` (the poller runs, but see the message) and ``error`` (it cannot run,
 or would run wrongly, until fixed).
 """
@@ -40,7 +42,12 @@ from azure_functions_db.poller import PollerDefinition, resolve_schedule, settin
 from azure_functions_db.ports import Source
 from azure_functions_db.sources import SqlSource
 from azure_functions_db.sources._health import KeysetIndex, keyset_index
-from azure_functions_db.validate_horizon import Level, describe_horizon
+from azure_functions_db.validate_horizon import (
+    Level,
+    describe_horizon,
+    key_problems,
+    lag_refused,
+)
 
 __all__ = [
     "CheckpointInfo",
@@ -58,7 +65,9 @@ class Finding:
     """One result of one check.
 
     Attributes:
-        check: ``schedule``, ``settings``, ``source``, ``index``, ``horizon``, ``null_cursor``,
+        check: ``schedule``, ``settings``, ``source``, ``key_types`` (a cursor or key column
+            whose values a checkpoint cannot hold or the database cannot order or find again;
+            reported only when there is a problem), ``index``, ``horizon``, ``null_cursor``,
             ``source_check`` (other findings of the source's own check), ``state``,
             ``checkpoint`` or ``source_change``.
         level: ``ok``, ``warning`` or ``error``.
@@ -79,8 +88,9 @@ class Finding:
 class HorizonInfo:
     """The horizon method in effect after the source opened (``auto`` resolved to a method).
 
-    ``detail`` says why the commit-safe method is not used (empty when nothing fell back);
-    ``privileges`` are what the method in effect needs.
+    ``detail`` says why the commit-safe method is not used (empty when nothing fell back),
+    without a ``lag=`` fix the source would refuse; ``privileges`` are what the method in effect
+    needs.
     """
 
     method: str
@@ -194,6 +204,7 @@ def validate_poller(
     check.schedule()
     if check.open_source():
         try:
+            check.key_types()
             check.index()
             check.horizon()
             check.source_health()
@@ -265,6 +276,11 @@ class _Validation:
         )
         return True
 
+    def key_types(self) -> None:
+        if isinstance(self.source, SqlSource):
+            for problem in key_problems(self.source):
+                self.add("key_types", "error", problem)
+
     def index(self) -> None:
         source = self.source
         if not isinstance(source, SqlSource):
@@ -315,8 +331,9 @@ class _Validation:
             dialect=sql.engine.dialect.name if sql else None,
             lag=sql.lag if sql else None,
             user=sql.engine.url.username if sql else None,
+            lag_refused=lag_refused(sql) if sql else None,
         )
-        self.horizon_info = HorizonInfo(horizon.method, horizon.detail, found.privileges)
+        self.horizon_info = HorizonInfo(horizon.method, found.detail, found.privileges)
         self.add("horizon", found.level, found.message, found.fix)
 
     def source_health(self) -> None:

@@ -21,6 +21,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
 from azure_functions_db.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
+from azure_functions_db.errors import SourceError
+from azure_functions_db.sources import SqlSource
 from azure_functions_db.validate import PollerValidation, validate_app
 
 from . import dbservers
@@ -261,15 +263,25 @@ def test_null_cursors_are_an_error_when_the_source_raises_on_them(
     assert level_of(doc, "null_cursor") == "error"
 
 
-def test_other_findings_of_the_source_check_are_warnings(sqlite_db, tmp_path, monkeypatch, capsys):
-    # SQLite's CURRENT_TIMESTAMP is text without microseconds: SqlSource.check() warns about it.
+def test_sqlite_current_timestamp_text_is_accepted_and_mixed_formats_are_errors(
+    sqlite_db, tmp_path, monkeypatch, capsys
+):
+    # CURRENT_TIMESTAMP text (no fraction) is one format the source binds back as stored: fine.
     sqlite_db.create("orders", database_clock=True)
     app = write_app(tmp_path, monkeypatch, sqlite_db, poller("orders", "orders"))
     code, (doc,) = validate_json(app, capsys)
     assert code == EXIT_OK
-    (finding,) = findings(doc, "source_check")
-    assert finding["level"] == "warning"
-    assert "3 row(s) of `orders` store `updated_at` in a text format" in finding["message"]
+    assert findings(doc, "source_check") == []
+    # A row in SQLAlchemy's format beside them: no bound can match both, so it is an error.
+    engine = sa.create_engine(sqlite_db.url, poolclass=sa.NullPool)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO orders (id, note, updated_at) VALUES (9, 'x', '2026-01-01 12:00:00.000000')"
+        )
+    engine.dispose()
+    code, (doc,) = validate_json(app, capsys)
+    assert code == EXIT_FAILED
+    assert "several text formats" in json.dumps(doc)
 
 
 # -- settings, state and the checkpoint (SQLite) ------------------------------------------------
@@ -490,6 +502,8 @@ def test_pg_role_without_pg_read_all_stats_falls_back_naming_the_grant(
     assert "late" in finding["message"]
     assert "can be missed" in finding["message"]
     assert finding["fix"] == grant
+    # A date-time cursor takes a lag, so it stays on offer next to the grant.
+    assert "set `lag=` longer than your longest write transaction" in finding["message"]
 
     # Granted, the same app gets the commit-safe method.
     pg.run(f"GRANT pg_read_all_stats TO {pg_low_role}")
@@ -532,3 +546,179 @@ def test_mariadb_user_without_process_falls_back_naming_the_grant(
     assert doc["horizon"]["method"] == "lag"
     assert doc["horizon"]["privileges"] == []
     assert findings(doc, "horizon")[0]["fix"] == grant
+
+
+# -- cursor and key types a checkpoint cannot hold, and the lag advice ---------------------------
+
+
+def create_keyed(db: Db, column_type: str, *values: str, table: str = "t") -> None:
+    """``table(id int PRIMARY KEY, c <column_type>)`` with one row per SQL literal in ``values``."""
+    db.run(f"CREATE TABLE {db.qualified(table)} (id int PRIMARY KEY, c {column_type})")
+    for i, value in enumerate(values, start=1):
+        db.run(f"INSERT INTO {db.qualified(table)} (id, c) VALUES ({i}, {value})")
+
+
+def key_type_error(doc: dict[str, Any]) -> str:
+    (finding,) = findings(doc, "key_types")
+    assert finding["level"] == "error"
+    return str(finding["message"])
+
+
+# (column type, rows, what the message names). Without rows the type alone decides; with them
+# the first row's key does (a type SQLAlchemy does not recognize, a value of another kind).
+UNRECOGNIZED = pytest.mark.filterwarnings("ignore:Did not recognize type:sqlalchemy.exc.SAWarning")
+PG_UNSTORABLE = [
+    ("jsonb", (), "`JSONB`"),
+    ("json", (), "`JSON`"),
+    ("interval", (), "`INTERVAL`"),
+    ("integer[]", (), "`INTEGER[]`"),
+    ("int4range", (), "`INT4RANGE`"),
+    ("timetz", (), "`TIME WITH TIME ZONE`"),
+    pytest.param("point", ("'(1,2)'",), "type point", marks=UNRECOGNIZED),
+    pytest.param("xml", ("'<a/>'",), "type xml", marks=UNRECOGNIZED),
+    ("inet", ("'10.0.0.1'",), "IPv4Address"),
+]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(("column_type", "rows", "named"), PG_UNSTORABLE)
+def test_pg_cursor_types_a_checkpoint_cannot_hold_are_errors(  # noqa: PLR0917
+    pg, column_type, rows, named, tmp_path, monkeypatch, capsys
+):
+    create_keyed(pg, column_type, *rows)
+    app = write_app(tmp_path, monkeypatch, pg, poller("t", "t", cursor="c", schema=pg.schema))
+    code, (doc,) = validate_json(app, capsys)
+    assert (code, doc["ok"]) == (EXIT_FAILED, False)
+    message = key_type_error(doc)
+    assert "`c`" in message
+    assert named in message
+    assert "Use a different cursor column, e.g. a `timestamptz` column" in message
+    assert "`xid8`" in message
+    # The horizon advice for such a cursor does not offer `lag=` (the source refuses it).
+    assert "set `lag=`" not in findings(doc, "horizon")[0]["message"]
+    code, out = validate_text(app, capsys)
+    assert code == EXIT_FAILED
+    assert "ERROR   key_types: " in out
+
+
+@pytest.mark.postgres
+def test_validate_fails_where_the_source_fails_on_a_jsonb_cursor(
+    pg, opened, tmp_path, monkeypatch, capsys
+):
+    create_keyed(pg, "jsonb", """'{"a": 1}'""")
+    source = SqlSource(pg.url, "t", cursor="c", pk="id", schema=pg.schema)
+    opened.append(source)
+    source.open({})  # the source opens: only a run finds out
+    with pytest.raises(SourceError, match="checkpoint cannot hold"):
+        source.fetch(None, 10, source.horizon())
+    app = write_app(tmp_path, monkeypatch, pg, poller("t", "t", cursor="c", schema=pg.schema))
+    code, (doc,) = validate_json(app, capsys)
+    assert code == EXIT_FAILED
+    assert "Cursor column `c`" in key_type_error(doc)
+
+
+@pytest.mark.postgres
+def test_pg_key_column_a_checkpoint_cannot_hold_is_an_error(pg, tmp_path, monkeypatch, capsys):
+    pg.create("orders")
+    pg.run(f"ALTER TABLE {pg.qualified('orders')} ADD COLUMN tags text[]")
+    text = poller("orders", "orders", pk="tags", schema=pg.schema)
+    code, (doc,) = validate_json(write_app(tmp_path, monkeypatch, pg, text), capsys)
+    assert code == EXIT_FAILED
+    message = key_type_error(doc)
+    assert "Key column `tags`" in message
+    assert "`TEXT[]`" in message
+    assert "`pk=`" in message
+
+
+@pytest.mark.mysql
+def test_mariadb_time_cursor_is_an_error(maria, tmp_path, monkeypatch, capsys):
+    # MariaDB TIME is a duration up to 838:59:59, read back as a time of day: 30:00 as 06:00.
+    create_keyed(maria, "TIME(6)")
+    app = write_app(tmp_path, monkeypatch, maria, poller("t", "t", cursor="c"))
+    code, (doc,) = validate_json(app, capsys)
+    assert code == EXIT_FAILED
+    message = key_type_error(doc)
+    assert "`c`" in message
+    assert "`TIME(6)`" in message
+    assert "30:00 as 06:00" in message
+    assert "a `DATETIME(6)` column stamped with `NOW(6)`" in message
+
+
+def test_a_cursor_value_that_does_not_find_its_row_again_is_an_error(
+    sqlite_db, tmp_path, monkeypatch, capsys
+):
+    # SQLAlchemy reads a SQLite DECIMAL with 10 decimal places: 0.123456789012345 comes back as
+    # 0.1234567890, which bound back matches no row, so every batch would read that row again.
+    create_keyed(sqlite_db, "DECIMAL", "0.123456789012345", "0.5")
+    app = write_app(tmp_path, monkeypatch, sqlite_db, poller("t", "t", cursor="c"))
+    code, (doc,) = validate_json(app, capsys)
+    assert code == EXIT_FAILED
+    message = key_type_error(doc)
+    assert "Cursor column `c` of `t` (`DECIMAL`) does not find its row again" in message
+    assert "0.1234567890" in message
+    # Values read exactly find their row.
+    create_keyed(sqlite_db, "DECIMAL", "0.5", "1.25", table="exact")
+    app = write_app(tmp_path, monkeypatch, sqlite_db, poller("t", "exact", cursor="c"))
+    code, (doc,) = validate_json(app, capsys)
+    assert (code, findings(doc, "key_types")) == (EXIT_OK, [])
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param("postgresql", marks=pytest.mark.postgres),
+        pytest.param("mariadb", marks=pytest.mark.mysql),
+    ],
+)
+def test_single_precision_floats_find_their_row_again(request, kind, tmp_path, monkeypatch, capsys):
+    # 0.1 in a float4 is not the double 0.1 the driver returns, but the source binds a position
+    # cast to the column's type, and validate binds it the same way: no finding.
+    db: Db = request.getfixturevalue("pg" if kind == "postgresql" else "maria")
+    create_keyed(db, "real" if kind == "postgresql" else "FLOAT", "0.1", "0.2")
+    app = write_app(tmp_path, monkeypatch, db, poller("t", "t", cursor="c", schema=db.schema))
+    code, (doc,) = validate_json(app, capsys)
+    assert (code, findings(doc, "key_types")) == (EXIT_OK, [])
+
+
+NO_LAG_CURSORS = [
+    pytest.param("postgresql", "text", "'a'", "`TEXT`", marks=pytest.mark.postgres),
+    pytest.param("postgresql", "varchar(20)", "'a'", "`VARCHAR(20)`", marks=pytest.mark.postgres),
+    pytest.param("postgresql", "bigint", "1", "`BIGINT`", marks=pytest.mark.postgres),
+    pytest.param("mariadb", "JSON", """'{"a": 1}'""", "`LONGTEXT`", marks=pytest.mark.mysql),
+    pytest.param("mariadb", "varchar(20)", "'a'", "`VARCHAR(20)`", marks=pytest.mark.mysql),
+]
+
+
+@pytest.mark.parametrize(("kind", "column_type", "value", "shown"), NO_LAG_CURSORS)
+def test_horizon_advice_never_offers_a_lag_the_source_refuses(  # noqa: PLR0917
+    request, kind, column_type, value, shown, tmp_path, monkeypatch, capsys
+):
+    db: Db = request.getfixturevalue("pg" if kind == "postgresql" else "maria")
+    create_keyed(db, column_type, value)
+    app = write_app(tmp_path, monkeypatch, db, poller("t", "t", cursor="c", schema=db.schema))
+    code, (doc,) = validate_json(app, capsys)
+    assert code == EXIT_OK  # a text or integer cursor runs: only the horizon is a warning
+    assert findings(doc, "key_types") == []
+    assert doc["horizon"]["method"] == "none"
+    (finding,) = findings(doc, "horizon")
+    assert finding["level"] == "warning"
+    assert "set `lag=`" not in finding["message"]
+    assert "set `lag=`" not in doc["horizon"]["detail"]
+    assert "`lag=` is no fix for this cursor" in finding["message"]
+    assert f"`c` is {shown}" in finding["message"]
+    fix = "`timestamptz`" if kind == "postgresql" else "`DATETIME(6)`"
+    assert f"fix: stamp a {fix}" in finding["message"] or f"fix: use a {fix}" in finding["message"]
+
+    # The same cursor chosen with `horizon="none"` on purpose: the same advice.
+    text = poller("t", "t", cursor="c", schema=db.schema, horizon="none")
+    code, (doc,) = validate_json(write_app(tmp_path, monkeypatch, db, text), capsys)
+    (finding,) = findings(doc, "horizon")
+    assert (code, finding["level"]) == (EXIT_OK, "warning")
+    assert "set `lag=`" not in finding["message"]
+    assert "`lag=` is no fix for this cursor" in finding["message"]
+
+    # The advice is right: the source refuses `lag=` on this cursor.
+    text = poller("t", "t", cursor="c", schema=db.schema, lag=5)
+    code, (doc,) = validate_json(write_app(tmp_path, monkeypatch, db, text), capsys)
+    assert code == EXIT_FAILED
+    assert "needs a date or date-time cursor" in findings(doc, "source")[0]["message"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 from collections.abc import Iterator, Mapping, Sequence
@@ -20,11 +21,19 @@ def event_id(poller: str, position: Position) -> str:
     """
     doc = [
         poller,
-        [encode_value(v) for v in position.cursor],
-        [encode_value(v) for v in position.pk],
+        [encode_value(_instant(v)) for v in position.cursor],
+        [encode_value(_instant(v)) for v in position.pk],
     ]
     digest = hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode())
     return digest.hexdigest()[:32]
+
+
+def _instant(value: KeyValue) -> KeyValue:
+    """A zone-aware date-time as its UTC instant: `12:00+00:00` and `13:00+01:00` are one row
+    version, whatever session zone the driver read it in."""
+    if isinstance(value, dt.datetime) and value.utcoffset() is not None:
+        return value.astimezone(dt.UTC)
+    return value
 
 
 def _unwrap(values: tuple[KeyValue, ...]) -> Any:

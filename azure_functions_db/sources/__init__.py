@@ -5,6 +5,7 @@ from azure_functions_db.sources._dialect_horizons import (
     MysqlTrxHorizon,
     PgSnapshotHorizon,
     PgXactStartHorizon,
+    SqliteClockHorizon,
 )
 from azure_functions_db.sources.outbox import OutboxSource
 from azure_functions_db.sources.sqlalchemy import (
@@ -26,4 +27,5 @@ __all__ = [
     "PgSnapshotHorizon",
     "PgXactStartHorizon",
     "SqlSource",
+    "SqliteClockHorizon",
 ]

@@ -27,7 +27,7 @@ from azure_functions_db.errors import (
     ConfigurationError,
     SourceDefinitionError,
 )
-from azure_functions_db.sources._keyset import RESERVED_PREFIX, text_filter
+from azure_functions_db.sources._keyset import RESERVED_PREFIX, KeysetQuery, text_filter
 
 PLACEHOLDER = re.compile(r"%([A-Za-z_][A-Za-z0-9_]*)%")
 _LISTED_TABLES = 10
@@ -341,3 +341,48 @@ def check_round_trip(columns: Sequence[sa.Column[Any]], qualified: str) -> None:
                 "select its own row. Use a `rowversion` cursor, or a `datetime2(6)` column "
                 f"(`ALTER TABLE {qualified} ALTER COLUMN {column.name} datetime2(6)`)."
             )
+
+
+def keyset_query(
+    table: sa.Table,
+    dialect: str,
+    *,
+    cursor: tuple[str, ...],
+    pk: tuple[str, ...] | None,
+    columns: tuple[str, ...] | None,
+    soft_delete: str | None,
+    where: ColumnElement[bool] | TextClause | None,
+    qualified: str,
+) -> KeysetQuery:
+    """The statements of a source over the reflected ``table``; errors name what is missing."""
+    cursor_columns = [table_column(table, name, "cursor") for name in cursor]
+    if pk is not None:
+        pk_columns = [table_column(table, name, "pk") for name in pk]
+    else:
+        pk_columns = list(table.primary_key.columns)
+        if not pk_columns:
+            raise SourceDefinitionError(
+                f"Table `{qualified}` has no primary key, so rows with the same cursor "
+                "cannot be ordered. Pass `pk=` naming a unique, stable column (or columns), "
+                'e.g. `pk="id"`.'
+            )
+    if columns is None:
+        selected = list(table.columns)
+    else:
+        selected = [table_column(table, name, "columns") for name in columns]
+        selected += [c for c in (*cursor_columns, *pk_columns) if c not in selected]
+    if soft_delete is not None:
+        flag = table_column(table, soft_delete, "soft_delete")
+        selected += [flag] if flag not in selected else []
+    resolved = resolve_where(where, table, selected, qualified)
+    check_round_trip((*cursor_columns, *pk_columns), qualified)
+    return KeysetQuery(
+        table,
+        selected=selected,
+        cursor=cursor_columns,
+        pk=pk_columns,
+        where=resolved,
+        # Row values are an index condition on the whole key on PostgreSQL only (see
+        # _keyset): MariaDB scans the index with them and SQL Server has none.
+        row_values=dialect == "postgresql",
+    )

@@ -24,6 +24,7 @@ read with ``SELECT NOW()`` before the transaction touched an InnoDB table, are n
 from __future__ import annotations
 
 import datetime as dt
+import time
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -87,6 +88,12 @@ MYSQL_TRX_SQL = sa.text(
     "(SELECT MIN(t.trx_started) FROM information_schema.innodb_trx AS t "
     "WHERE t.trx_mysql_thread_id <> CONNECTION_ID()) AS oldest"
 )
+
+#: Seconds between two reads of information_schema.innodb_trx (InnoDB refreshes the table's
+#: cache only when it was last read more than 0.1 s ago), with a margin.
+INNODB_TRX_CACHE_IDLE = 0.15
+
+SQLITE_NOW_SQL = sa.text("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")
 
 MSSQL_ROWVERSION_SQL = sa.text("SELECT MIN_ACTIVE_ROWVERSION()")
 
@@ -262,6 +269,7 @@ class MysqlTrxHorizon:
 
     def __init__(self, settle: dt.timedelta = DEFAULT_SETTLE) -> None:
         self.settle = settle
+        self._last_read = -INNODB_TRX_CACHE_IDLE
 
     def prepare(self, source: SqlSource) -> None:
         """Require MySQL/MariaDB, a time cursor and the ``PROCESS`` privilege."""
@@ -275,9 +283,17 @@ class MysqlTrxHorizon:
 
     def safe_bound(self, source: SqlSource) -> KeyValue | None:
         """The bound without ``lag``; raises :class:`HorizonUnavailable`."""
+        # InnoDB serves information_schema.innodb_trx from a cache it refreshes only when the
+        # cache was last read more than 0.1 s ago: read it more often and every read gets the
+        # same old snapshot, missing transactions begun since (a bound too high: rows lost) or
+        # showing ended ones (a bound held for ever). Space this poller's reads further apart.
+        wait = self._last_read + INNODB_TRX_CACHE_IDLE - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
         try:
             with source.engine.connect() as conn:
                 row = conn.execute(MYSQL_TRX_SQL).one()
+            self._last_read = time.monotonic()
         except sa.exc.DBAPIError as exc:
             message = str(exc.orig).lower()
             if "access denied" in message or "process privilege" in message:
@@ -307,6 +323,38 @@ class MysqlTrxHorizon:
 
     def __repr__(self) -> str:
         return f"MysqlTrxHorizon(settle={self.settle!r})"
+
+
+class SqliteClockHorizon:
+    """SQLite date-time cursor: bound = SQLite's own clock (UTC) less ``settle``.
+
+    SQLite serializes writers, but that does not make cursor values arrive in key order: with a
+    coarse cursor, a row of a lower pk stamped in the same tick as the checkpoint commits after
+    it and would be passed over. Reading only below ``now - settle`` lets every tick finish
+    before it is read. The clock is SQLite's ``'now'`` (what ``CURRENT_TIMESTAMP`` stamps), read
+    as wall-clock time in ``cursor_timezone`` for a naive column.
+    """
+
+    name = "sqlite_clock"
+
+    def __init__(self, settle: dt.timedelta = DEFAULT_SETTLE) -> None:
+        self.settle = settle
+
+    def prepare(self, source: SqlSource) -> None:
+        """Require SQLite and a date or date-time cursor."""
+        _require(source, ("sqlite",), self.name)
+        _time_cursor(source, self.name)
+
+    def bound(self, source: SqlSource, now: dt.datetime) -> KeyValue | None:
+        """``min(SQLite's clock - settle, now - lag)``."""
+        with source.engine.connect() as conn:
+            text = conn.execute(SQLITE_NOW_SQL).scalar_one()
+        clock = dt.datetime.fromisoformat(str(text)).replace(tzinfo=dt.UTC)
+        bound = time_bound(clock - self.settle, source.cursor_columns[0], source.cursor_timezone)
+        return apply_lag(bound, source, now)
+
+    def __repr__(self) -> str:
+        return f"SqliteClockHorizon(settle={self.settle!r})"
 
 
 class MssqlRowversionHorizon:

@@ -144,7 +144,14 @@ def _bound_pymysql_handshake(engine: sa.Engine, timeout: float) -> None:
 
 
 def utc_sessions(engine: sa.Engine) -> None:
-    """MySQL/MariaDB: every connection of ``engine`` reads ``TIMESTAMP`` columns in UTC.
+    """Every connection of ``engine`` runs in UTC (PostgreSQL, MySQL/MariaDB).
+
+    PostgreSQL: ``timestamptz`` values arrive as UTC instants, whatever the role's, database's
+    or client's (``PGTZ``) zone, so the same row version reads (and hashes into ``event_id``)
+    the same in every process. The session's ``SET`` leaves ``reset_val`` at the default zone
+    new sessions get, which :mod:`._zones` checks against ``cursor_timezone``.
+
+    MySQL/MariaDB: every connection of ``engine`` reads ``TIMESTAMP`` columns in UTC.
 
     The server converts ``TIMESTAMP`` values (stored in UTC) to the session's zone, which is the
     server's ``SYSTEM`` zone unless set: in a zone with daylight saving time, the hour repeated in
@@ -152,16 +159,23 @@ def utc_sessions(engine: sa.Engine) -> None:
     in that zone are ambiguous. ``DATETIME`` columns are not converted (they hold wall-clock time
     in ``cursor_timezone``).
     """
-    if engine.dialect.name not in ("mysql", "mariadb"):
+    statement = {
+        "mysql": "SET time_zone = '+00:00'",
+        "mariadb": "SET time_zone = '+00:00'",
+        "postgresql": "SET TIME ZONE 'UTC'",
+    }.get(engine.dialect.name)
+    if statement is None:
         return
 
     @sa.event.listens_for(engine, "connect")
     def _set_utc(dbapi_connection: Any, connection_record: Any) -> None:
         cursor = dbapi_connection.cursor()
         try:
-            cursor.execute("SET time_zone = '+00:00'")
+            cursor.execute(statement)
         finally:
             cursor.close()
+        if engine.dialect.name == "postgresql":
+            dbapi_connection.commit()  # end the transaction the SET began, keep the setting
 
 
 def _autocommit_reads(url: sa.URL) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from azure_functions_db.sources._dialect_horizons import (
     MysqlTrxHorizon,
     PgSnapshotHorizon,
     PgXactStartHorizon,
+    SqliteClockHorizon,
     pg_cursor_type,
 )
 from azure_functions_db.sources._values import column_kind, time_bound
@@ -127,8 +128,10 @@ class AutoHorizon:
       when the role may see every session (``pg_read_all_stats``) and the server is a primary.
     * MySQL/MariaDB date-time → :class:`MysqlTrxHorizon` when the user has ``PROCESS``.
     * SQL Server ``rowversion`` → :class:`MssqlRowversionHorizon`.
-    * SQLite → the source's ``lag`` (none by default), quietly: SQLite serializes writers, so a
-      value stamped by the writing statement commits before any later writer can stamp one.
+    * SQLite date-time → :class:`SqliteClockHorizon` (its own clock less ``settle``: serial
+      writers still stamp ties, and a tie with a lower pk may commit after the checkpoint);
+      other SQLite cursors → the source's ``lag``, logged once at INFO (a counter a writer
+      assigns inside its write transaction commits in order, since SQLite has one writer).
     * anything else → the source's ``lag`` with one WARNING line ``action=horizon_fallback``
       naming the reason and the fix; the reason is kept in :attr:`detail`.
 
@@ -150,7 +153,18 @@ class AutoHorizon:
         kind = column_kind(column)
         safe: PgSnapshotHorizon | PgXactStartHorizon | MysqlTrxHorizon | MssqlRowversionHorizon
         if dialect == "sqlite":
-            self._choose(source, _baseline(source), "")
+            if kind in TIME_KINDS:
+                self._choose(source, SqliteClockHorizon(self.settle), "")
+                return
+            baseline = _baseline(source)
+            logger.info(
+                "action=horizon_choice table=%s dialect=sqlite cursor=%s method=%s reason=%s",
+                source.description.table,
+                column.name,
+                baseline.name,
+                "not_a_time_cursor_sqlite_writers_are_serial",
+            )
+            self._choose(source, baseline, "")
             return
         if dialect == "postgresql" and pg_cursor_type(source) == "xid8":
             safe = PgSnapshotHorizon()

@@ -42,6 +42,7 @@ from azure_functions_db.sources import _engine as engines
 from azure_functions_db.sources import _health as health
 from azure_functions_db.sources import _lag as backlog
 from azure_functions_db.sources import _sqlite_times as sqlite_times
+from azure_functions_db.sources import _zones as zones
 from azure_functions_db.sources._errors import translate
 from azure_functions_db.sources._horizon import (
     AutoHorizon,
@@ -137,6 +138,7 @@ class SqlSource:
         )
         self._lag = config.check_lag(lag)
         self._zone = config.check_zone(cursor_timezone)
+        self._zone_given = cursor_timezone is not None
         if on_null_cursor not in ("skip", "raise"):
             raise ConfigurationError(
                 f'`on_null_cursor={on_null_cursor!r}` is not an option: use `"skip"` (count and '
@@ -239,6 +241,15 @@ class SqlSource:
                 table = self._reflect(conn)
                 keys = (*self._cursor_names, *(self._pk_names or ()))
                 self._text_times = sqlite_times.adopt(conn, table, keys, self._qualified)
+                if self._cursor_names[0] in table.c:
+                    zones.check_writer_zone(
+                        conn,
+                        table.c[self._cursor_names[0]],
+                        self._zone,
+                        self._qualified,
+                        self._clock.now(),
+                        explicit=self._zone_given,
+                    )
             self._engine, self._query = engine, self._build(table, engine.dialect.name)
             names = tuple(column.name for column in self._query.selected)
             self._shape = RowShape(
@@ -416,36 +427,15 @@ class SqlSource:
         ) from None
 
     def _build(self, table: sa.Table, dialect: str) -> KeysetQuery:
-        cursor = [config.table_column(table, name, "cursor") for name in self._cursor_names]
-        if self._pk_names is not None:
-            pk = [config.table_column(table, name, "pk") for name in self._pk_names]
-        else:
-            pk = list(table.primary_key.columns)
-            if not pk:
-                raise SourceDefinitionError(
-                    f"Table `{self._qualified}` has no primary key, so rows with the same cursor "
-                    "cannot be ordered. Pass `pk=` naming a unique, stable column (or columns), "
-                    'e.g. `pk="id"`.'
-                )
-        if self._column_names is None:
-            selected = list(table.columns)
-        else:
-            selected = [config.table_column(table, name, "columns") for name in self._column_names]
-            selected += [c for c in (*cursor, *pk) if c not in selected]
-        if self._soft_delete is not None:
-            flag = config.table_column(table, self._soft_delete, "soft_delete")
-            selected += [flag] if flag not in selected else []
-        resolved = config.resolve_where(self._where, table, selected, self._qualified)
-        config.check_round_trip((*cursor, *pk), self._qualified)
-        return KeysetQuery(
+        return config.keyset_query(
             table,
-            selected=selected,
-            cursor=cursor,
-            pk=pk,
-            where=resolved,
-            # Row values are an index condition on the whole key on PostgreSQL only (see
-            # _keyset): MariaDB scans the index with them and SQL Server has none.
-            row_values=dialect == "postgresql",
+            dialect,
+            cursor=self._cursor_names,
+            pk=self._pk_names,
+            columns=self._column_names,
+            soft_delete=self._soft_delete,
+            where=self._where,
+            qualified=self._qualified,
         )
 
     def _check_position(self, after: Position | None, query: KeysetQuery) -> None:
