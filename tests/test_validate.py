@@ -276,7 +276,8 @@ def test_sqlite_current_timestamp_text_is_accepted_and_mixed_formats_are_errors(
     engine = sa.create_engine(sqlite_db.url, poolclass=sa.NullPool)
     with engine.begin() as conn:
         conn.exec_driver_sql(
-            "INSERT INTO orders (id, note, updated_at) VALUES (9, 'x', '2026-01-01 12:00:00.000000')"
+            "INSERT INTO orders (id, note, updated_at) "
+            "VALUES (9, 'x', '2026-01-01 12:00:00.000000')"
         )
     engine.dispose()
     code, (doc,) = validate_json(app, capsys)
