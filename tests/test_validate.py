@@ -172,7 +172,11 @@ def level_of(doc: dict[str, Any], check: str) -> str:
 
 # -- the source checks, on every database -------------------------------------------------------
 
-SAFE_METHOD = {"sqlite": "sqlite_clock", "postgresql": "pg_xact_start", "mariadb": "mysql_innodb_trx"}
+SAFE_METHOD = {
+    "sqlite": "sqlite_clock",
+    "postgresql": "pg_xact_start",
+    "mariadb": "mysql_innodb_trx",
+}
 PRIVILEGES = {"sqlite": [], "postgresql": ["pg_read_all_stats"], "mariadb": ["PROCESS"]}
 
 
