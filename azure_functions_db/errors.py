@@ -305,3 +305,18 @@ class PoisonBatchError(HandlerError):
             "every run. Fix the handler or data, or move past it with "
             f"`afdb seek APP --poller {poller} --cursor ...`.",
         )
+
+
+class UnexpectedRunError(AfdbError):
+    """A poller's run ended with an error that is not one of the library's own.
+
+    A driver's or SDK's error that was not translated, or a bug: the batch was not acknowledged.
+    The cause (``__cause__``) and its traceback are logged; please report it.
+    """
+
+    def __init__(self, poller: str, cause: BaseException) -> None:
+        self.poller = poller
+        super().__init__(
+            f"Poller `{poller}` stopped on an unexpected {type(cause).__name__}: {cause}. The "
+            "current batch was not acknowledged; the other pollers keep running."
+        )

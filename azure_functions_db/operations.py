@@ -114,14 +114,14 @@ def backfill_statuses(
     definition: PollerDefinition, settings: Mapping[str, str]
 ) -> list[PollerStatus]:
     """The backfill runs of a poller found in its state store (any namespace but its own)."""
-    from azure_functions_db.spark.records import RunRecord
+    from azure_functions_db.spark.records import SEP, RunRecord
 
     store = definition.store(settings)
-    prefix = definition.name + "."
+    prefix = definition.name + SEP
     statuses: list[PollerStatus] = []
     for key in store.list_keys():
         rest = key.poller.removeprefix(prefix)
-        if key.namespace == definition.config.namespace or rest == key.poller or "." in rest:
+        if key.namespace == definition.config.namespace or rest == key.poller or SEP in rest:
             continue
         stored = store.read(key)
         record = RunRecord.from_checkpoint(stored.checkpoint) if stored else None

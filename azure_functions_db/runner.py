@@ -13,7 +13,7 @@ from croniter import croniter
 from azure_functions_db.core.clock import Clock
 from azure_functions_db.core.engine import RunReport
 from azure_functions_db.core.logs import log_event
-from azure_functions_db.errors import AfdbError
+from azure_functions_db.errors import AfdbError, UnexpectedRunError
 from azure_functions_db.poller import PollerDefinition, resolve_schedule
 
 logger = logging.getLogger(__name__)
@@ -33,10 +33,16 @@ class RunOutcome:
 
 
 def run_one(definition: PollerDefinition, settings: Mapping[str, str]) -> RunOutcome:
-    """Run a poller once; library errors become a failed outcome, bugs propagate."""
+    """Run a poller once; any error becomes that poller's failed outcome.
+
+    One broken poller must not stop the others of the app: an error that is not the library's
+    own (a driver's, a bug) is wrapped in :class:`UnexpectedRunError` and logged with its
+    traceback. Only a Ctrl-C or ``sys.exit()`` ends the process.
+    """
     try:
         return RunOutcome(definition.name, definition.run_once(settings), None)
     except AfdbError as exc:
+        error: AfdbError = exc
         log_event(
             logger,
             logging.ERROR,
@@ -45,7 +51,16 @@ def run_one(definition: PollerDefinition, settings: Mapping[str, str]) -> RunOut
             namespace=definition.config.namespace,
             error=str(exc),
         )
-        return RunOutcome(definition.name, None, exc)
+    except Exception as exc:
+        error = UnexpectedRunError(definition.name, exc)
+        error.__cause__ = exc
+        logger.exception(
+            "action=run_failed poller=%s namespace=%s error=%s",
+            definition.name,
+            definition.config.namespace,
+            type(exc).__name__,
+        )
+    return RunOutcome(definition.name, None, error)
 
 
 def run_scheduled(

@@ -160,7 +160,7 @@ def test_sqlite_backfill_seeds_the_live_poller_and_hands_off(app, orders, spark,
     assert main(["status", str(app), "--json"]) == EXIT_OK
     docs = json.loads(capsys.readouterr().out)
     (run,) = [d for d in docs if d["namespace"] == "backfill"]
-    assert run["poller"] == "orders.r1"
+    assert run["poller"] == "orders~r1"
     assert "finished" in run["detail"]
     assert run["stats"]["rows"] == 60
     again = backfill(app, "orders", spark=spark, run_id="r1")

@@ -172,7 +172,11 @@ def level_of(doc: dict[str, Any], check: str) -> str:
 
 # -- the source checks, on every database -------------------------------------------------------
 
-SAFE_METHOD = {"sqlite": "none", "postgresql": "pg_xact_start", "mariadb": "mysql_innodb_trx"}
+SAFE_METHOD = {
+    "sqlite": "sqlite_clock",
+    "postgresql": "pg_xact_start",
+    "mariadb": "mysql_innodb_trx",
+}
 PRIVILEGES = {"sqlite": [], "postgresql": ["pg_read_all_stats"], "mariadb": ["PROCESS"]}
 
 
@@ -468,7 +472,7 @@ def test_usable_from_python(sqlite_db, tmp_path, monkeypatch):
     assert isinstance(result, PollerValidation)
     assert (result.ok, result.errors, result.warnings, result.index_ok) == (True, 0, 1, False)
     assert result.horizon is not None
-    assert result.horizon.method == "none"
+    assert result.horizon.method == "sqlite_clock"
     assert [f.check for f in result.findings if f.level == "warning"] == ["index"]
 
 

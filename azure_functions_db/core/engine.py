@@ -38,6 +38,7 @@ from azure_functions_db.core.source_change import (
 from azure_functions_db.errors import (
     CheckpointConflictError,
     FenceBehindCheckpointError,
+    HandlerContractError,
     HandlerError,
     PoisonBatchError,
     PositionRegressionError,
@@ -303,7 +304,9 @@ class Engine:
                 check_result(asyncio.run(_await(result)), self.handler, awaited=True)
             else:
                 check_result(result, self.handler, awaited=False)
-        except Exception as exc:
+        except BaseException as exc:
+            # Any way out of the handler but a normal return is a failed attempt, counted and
+            # logged: CancelledError too, and a Ctrl-C or sys.exit() before it ends the process.
             failed = cp.failed(fence=batch.fence, error=f"{type(exc).__name__}: {exc}")
             self._record_failure(failed, etag, keeper)
             self._log(
@@ -316,6 +319,8 @@ class Engine:
                 error=type(exc).__name__,
             )
             self.observer.handler_failed(batch, failed.attempts)
+            if isinstance(exc, KeyboardInterrupt | SystemExit):
+                raise
             if failed.attempts >= cfg.max_attempts:
                 # The alert: same batch, max_attempts failures. Nothing is skipped; an
                 # operator fixes the cause or moves past it with `afdb seek`.
@@ -461,4 +466,24 @@ class Engine:
 
 
 async def _await(awaitable: Awaitable[T]) -> T:
-    return await awaitable
+    """Await the handler, then every task it started and left running.
+
+    ``asyncio.run`` cancels tasks still pending when the handler returns: work the handler
+    started with ``asyncio.create_task`` and did not await would be cancelled, and the batch
+    acknowledged anyway. They are awaited here, before the commit; one that fails fails the
+    batch.
+    """
+    before = asyncio.all_tasks()
+    result = await awaitable
+    current = asyncio.current_task()
+    while pending := asyncio.all_tasks() - before - {current}:
+        outcomes = await asyncio.gather(*pending, return_exceptions=True)
+        before |= pending
+        failures = [o for o in outcomes if isinstance(o, BaseException)]
+        if failures:
+            raise HandlerContractError(
+                f"{len(failures)} task(s) the handler started and left running failed "
+                f"(first: {type(failures[0]).__name__}: {failures[0]}); the batch is not "
+                "acknowledged. Await the tasks you start inside the handler."
+            ) from failures[0]
+    return result

@@ -12,8 +12,10 @@ import hashlib
 import math
 import re
 import urllib.parse
+import uuid
 import zoneinfo
 from collections.abc import Mapping, Sequence
+from decimal import Decimal
 from typing import Any
 
 import sqlalchemy as sa
@@ -22,12 +24,14 @@ from sqlalchemy.dialects import mssql
 from sqlalchemy.sql import visitors
 from sqlalchemy.sql.elements import ColumnClause, ColumnElement, TextClause
 
+from azure_functions_db.core.position import Position
 from azure_functions_db.core.settings import setting_value
 from azure_functions_db.errors import (
     ConfigurationError,
     SourceDefinitionError,
 )
 from azure_functions_db.sources._keyset import RESERVED_PREFIX, KeysetQuery, text_filter
+from azure_functions_db.sources._values import column_kind
 
 PLACEHOLDER = re.compile(r"%([A-Za-z_][A-Za-z0-9_]*)%")
 _LISTED_TABLES = 10
@@ -386,3 +390,69 @@ def keyset_query(
         # _keyset): MariaDB scans the index with them and SQL Server has none.
         row_values=dialect == "postgresql",
     )
+
+
+# Kinds of value that bind against each other's columns; across families a stored position no
+# longer means the same thing for the column (a naive time against a `timestamptz`).
+_FAMILIES = {
+    "int": "number",
+    "decimal": "number",
+    "float": "number",
+    "bool": "number",
+    "datetime": "naive date-time",
+    "datetime_tz": "date-time with a time zone",
+    "date": "date",
+    "time": "time",
+    "str": "text",
+    "uuid": "uuid",
+    "bytes": "bytes",
+}
+
+
+_VALUE_FAMILIES: tuple[tuple[type, str], ...] = (
+    (bool, "number"),
+    (int, "number"),
+    (float, "number"),
+    (Decimal, "number"),
+    (dt.datetime, "date-time"),  # refined below: naive or with a time zone
+    (dt.date, "date"),
+    (dt.time, "time"),
+    (str, "text"),
+    (uuid.UUID, "uuid"),
+    (bytes, "bytes"),
+)
+
+
+def _value_family(value: object) -> str | None:
+    for python_type, family in _VALUE_FAMILIES:
+        if isinstance(value, python_type):
+            if isinstance(value, dt.datetime):
+                zoned = value.utcoffset() is not None
+                return "date-time with a time zone" if zoned else "naive date-time"
+            return family
+    return None
+
+
+def check_position_types(
+    position: Position, columns: Sequence[sa.Column[Any]], qualified: str
+) -> None:
+    """Refuse a stored position whose values no longer fit their columns' types.
+
+    A cursor column changed from ``timestamp`` to ``timestamptz`` (or text to a number) would
+    make the stored position bind as something else, or fail only after the handler ran.
+    Checked before every read, so the handler never runs on such a position.
+    """
+    for value, column in zip(position.key, columns, strict=False):
+        kind = column_kind(column)
+        expected = None if kind is None else _FAMILIES[kind]
+        found = _value_family(value)
+        if expected is None or found is None or expected == found:
+            continue
+        if {expected, found} <= {"text", "uuid"}:
+            continue  # a UUID column read as text, or text holding UUIDs
+        raise SourceDefinitionError(
+            f"The checkpoint holds `{column.name}` of `{qualified}` as a {found} "
+            f"(`{value!r}`), but the column is now `{column.type}` ({expected}): its type "
+            "changed, so the stored position no longer means the same row. Nothing was read. "
+            "Move the poller to the right place with `afdb seek --cursor ...` (or `--now`)."
+        )

@@ -24,6 +24,7 @@ read with ``SELECT NOW()`` before the transaction touched an InnoDB table, are n
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,8 @@ __all__ = [
     "pg_cursor_type",
 ]
 
+logger = logging.getLogger(__name__)
+
 TIME_KINDS = ("datetime", "datetime_tz", "date")
 
 # How long a transaction may take between reading its start time and publishing it (PostgreSQL
@@ -63,15 +66,29 @@ PG_SNAPSHOT_SQL = sa.text("SELECT pg_snapshot_xmin(pg_current_snapshot())")
 # included, counts. This session's own transaction is left out. Both instants come back as naive
 # UTC wall-clock times: every driver returns those alike (psqlODBC returns timestamptz naive, in
 # the session's zone, so the aware form would not be portable).
+#
+# Two kinds of writer are not in that list with an xact_start: a session with
+# `track_activities = off` (its state reads `disabled`, no xact_start) is held at its
+# backend_start, before any transaction it can have begun; a prepared (two-phase) transaction
+# has left pg_stat_activity altogether and its start is unknown, so the bound is held entirely
+# while one of this database is open (`prepared` names the oldest, for the log).
 PG_XACT_START_SQL = sa.text(
     "SELECT clock_timestamp() AT TIME ZONE 'UTC' AS server_now, "
     "(SELECT min(a.xact_start) AT TIME ZONE 'UTC' FROM pg_stat_activity AS a "
     "WHERE a.xact_start IS NOT NULL AND a.pid <> pg_backend_pid() "
     "AND a.datname = current_database() "
     "AND a.backend_type NOT IN ('autovacuum worker', 'autovacuum launcher')) AS oldest, "
+    "(SELECT min(a.backend_start) AT TIME ZONE 'UTC' FROM pg_stat_activity AS a "
+    "WHERE a.state = 'disabled' AND a.pid <> pg_backend_pid() "
+    "AND a.datname = current_database() AND a.backend_type = 'client backend') AS untracked, "
+    "(SELECT p.gid || ' prepared at ' || p.prepared FROM pg_prepared_xacts AS p "
+    "WHERE p.database = current_database() ORDER BY p.prepared LIMIT 1) AS prepared, "
     "pg_has_role('pg_read_all_stats', 'USAGE') AS sees_all, "
     "pg_is_in_recovery() AS standby"
 )
+
+#: The bound while a prepared transaction is open: nothing new is read until it is resolved.
+HELD_ENTIRELY = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 PG_COLUMN_TYPE_SQL = sa.text(
     "SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute AS a "
@@ -82,12 +99,25 @@ PG_COLUMN_TYPE_SQL = sa.text(
 # NOW(6) is this statement's start, i.e. read before innodb_trx. trx_started has whole seconds
 # (rounded down, which only makes the bound safer) and is written by InnoDB in the server's
 # system zone on MariaDB, in the session zone elsewhere: both readings are returned.
-MYSQL_TRX_SQL = sa.text(
+#
+# A statement that read NOW() but has not touched InnoDB yet (waiting for a metadata lock, or in
+# a slow subquery before its first row) is not in innodb_trx, but it is in the process list,
+# with its running time: `statement` is the oldest such start, in UTC (MariaDB's TIME_MS has
+# milliseconds; MySQL's TIME whole seconds, so a second is added).
+_STATEMENTS = (
+    "(SELECT MIN(UTC_TIMESTAMP(6) - INTERVAL {elapsed} MICROSECOND) "
+    "FROM information_schema.PROCESSLIST AS p WHERE p.ID <> CONNECTION_ID() AND p.INFO IS NOT "
+    "NULL AND p.COMMAND NOT IN ('Sleep', 'Daemon', 'Binlog Dump', 'Binlog Dump GTID', "
+    "'Connect')) AS statement"
+)
+_MYSQL_TRX = (
     "SELECT UTC_TIMESTAMP(6) AS utc_now, NOW(6) AS session_now, "
     "CONVERT_TZ(UTC_TIMESTAMP(6), '+00:00', 'SYSTEM') AS system_now, "
     "(SELECT MIN(t.trx_started) FROM information_schema.innodb_trx AS t "
-    "WHERE t.trx_mysql_thread_id <> CONNECTION_ID()) AS oldest"
+    "WHERE t.trx_mysql_thread_id <> CONNECTION_ID()) AS oldest, "
 )
+MYSQL_TRX_SQL = sa.text(_MYSQL_TRX + _STATEMENTS.format(elapsed="(p.TIME + 1) * 1000000"))
+MARIADB_TRX_SQL = sa.text(_MYSQL_TRX + _STATEMENTS.format(elapsed="CEIL(p.TIME_MS * 1000)"))
 
 #: Seconds between two reads of information_schema.innodb_trx (InnoDB refreshes the table's
 #: cache only when it was last read more than 0.1 s ago), with a margin.
@@ -218,6 +248,7 @@ class PgXactStartHorizon:
 
     def __init__(self, settle: dt.timedelta = DEFAULT_SETTLE) -> None:
         self.settle = settle
+        self._warned_prepared: str | None = None
 
     def prepare(self, source: SqlSource) -> None:
         """Require PostgreSQL, a time cursor, and that the role sees every transaction."""
@@ -244,9 +275,20 @@ class PgXactStartHorizon:
                 "the server is a standby, which does not list the primary's open transactions; "
                 "fix: point the source at the primary"
             )
+        if row.prepared is not None:
+            if row.prepared != self._warned_prepared:
+                self._warned_prepared = row.prepared
+                logger.warning(
+                    "action=horizon_held table=%s reason=prepared_transaction transaction=%s "
+                    "note=its_start_is_unknown_no_new_rows_until_COMMIT_or_ROLLBACK_PREPARED",
+                    source.description.table,
+                    str(row.prepared).replace(" ", "_"),
+                )
+            return time_bound(HELD_ENTIRELY, source.cursor_columns[0], source.cursor_timezone)
         oldest: dt.datetime = row.server_now - self.settle
-        if row.oldest is not None:
-            oldest = min(oldest, row.oldest)
+        for held in (row.oldest, row.untracked):
+            if held is not None:
+                oldest = min(oldest, held)
         return time_bound(
             oldest.replace(tzinfo=dt.UTC), source.cursor_columns[0], source.cursor_timezone
         )
@@ -291,8 +333,9 @@ class MysqlTrxHorizon:
         if wait > 0:
             time.sleep(wait)
         try:
+            mariadb = bool(getattr(source.engine.dialect, "is_mariadb", False))
             with source.engine.connect() as conn:
-                row = conn.execute(MYSQL_TRX_SQL).one()
+                row = conn.execute(MARIADB_TRX_SQL if mariadb else MYSQL_TRX_SQL).one()
             self._last_read = time.monotonic()
         except sa.exc.DBAPIError as exc:
             message = str(exc.orig).lower()
@@ -315,6 +358,8 @@ class MysqlTrxHorizon:
             ]
             plausible = [r for r in readings if r <= utc_now + self.settle] or readings
             oldest = min(oldest, *plausible)
+        if row.statement is not None:
+            oldest = min(oldest, row.statement)
         return time_bound(
             (oldest - self.settle).replace(tzinfo=dt.UTC),
             source.cursor_columns[0],

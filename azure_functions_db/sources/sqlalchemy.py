@@ -447,6 +447,7 @@ class SqlSource:
                 f"{list(self._cursor_names)}, pk {list(self.description.pk)}): was `cursor=` or "
                 "`pk=` changed? Move the poller with `afdb seek` to continue."
             )
+        config.check_position_types(after, (*query.cursor, *query.pk), self._qualified)
 
     def _select(self, after: Position | None, limit: int, horizon: Horizon) -> Sequence[Any]:
         query = self._require_open()

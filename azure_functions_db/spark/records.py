@@ -3,13 +3,13 @@
 Both are ordinary checkpoint records (same store, same compare-and-set, same fences), in the
 backfill namespace (``backfill`` unless the user names another):
 
-- the **run record** ``<poller>.<run_id>``: ``position`` is the handoff bound H0 (the live
+- the **run record** ``<poller>~<run_id>``: ``position`` is the handoff bound H0 (the live
   poller's position when the run was planned); its audit (``seek``) says who planned the run and
   when, the range it covers (``from_position`` exclusive or, without pk values, inclusive of that
   cursor; ``to_position`` inclusive) and, in ``reason``, the phase (``planned`` / ``finished``),
   the number of chunks and the row estimate. ``committed_at`` and ``stats`` are set when the run
   finishes (rows and batches over every chunk).
-- a **chunk record** ``<poller>.<run_id>.<index>`` per chunk: a normal poller checkpoint the
+- a **chunk record** ``<poller>~<run_id>~<index>`` per chunk: a normal poller checkpoint the
   engine advances batch by batch under the chunk's own lease and fence. Its audit holds the
   chunk's range, fixed when the run was planned: rows after ``from_position`` up to and including
   ``to_position``. The chunk is finished when its position reaches ``to_position``.
@@ -47,8 +47,14 @@ _REASON = re.compile(
 Phase = Literal["planned", "finished"]
 
 
+#: Separates the poller, run id and chunk index in record names. Neither a poller name nor a
+#: run id may contain it, so ``orders.r1`` run ``0`` and ``orders`` run ``r1`` chunk 0 stay two
+#: records (joined with ``.`` they were one, and planning one overwrote the other).
+SEP = "~"
+
+
 def check_run_id(run_id: str) -> str:
-    """A run id is 1-40 letters, digits, ``-`` or ``_`` (no dot: it separates key parts)."""
+    """A run id is 1-40 letters, digits, ``-`` or ``_`` (no ``~``: it separates key parts)."""
     if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
         raise ConfigurationError(
             f"Invalid backfill run id `{run_id!r}`: use 1-40 letters, digits, `-` or `_`, "
@@ -58,13 +64,13 @@ def check_run_id(run_id: str) -> str:
 
 
 def run_key(namespace: str, poller: str, run_id: str) -> PollerKey:
-    """The key of a run record: ``<namespace>/<poller>.<run_id>``."""
-    return PollerKey(namespace=namespace, poller=_name(f"{poller}.{run_id}"))
+    """The key of a run record: ``<namespace>/<poller>~<run_id>``."""
+    return PollerKey(namespace=namespace, poller=_name(f"{poller}{SEP}{run_id}"))
 
 
 def chunk_key(namespace: str, poller: str, run_id: str, index: int) -> PollerKey:
-    """The key of a chunk's checkpoint: ``<namespace>/<poller>.<run_id>.<index>``."""
-    return PollerKey(namespace=namespace, poller=_name(f"{poller}.{run_id}.{index}"))
+    """The key of a chunk's checkpoint: ``<namespace>/<poller>~<run_id>~<index>``."""
+    return PollerKey(namespace=namespace, poller=_name(f"{poller}{SEP}{run_id}{SEP}{index}"))
 
 
 def _name(name: str) -> str:
@@ -148,7 +154,7 @@ class RunRecord:
         match = _REASON.fullmatch(audit.reason) if audit is not None else None
         if audit is None or match is None or match["kind"] != "run" or match["phase"] is None:
             return None
-        poller = checkpoint.key.poller.removesuffix(f".{match['run']}")
+        poller = checkpoint.key.poller.removesuffix(f"{SEP}{match['run']}")
         phase: Phase = "finished" if match["phase"] == "finished" else "planned"
         return cls(
             poller=poller,

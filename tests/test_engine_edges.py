@@ -1,0 +1,171 @@
+"""Ways out of a handler that must never acknowledge a batch, and one poller's crash.
+
+Issue 18, item 6: a handler ending in a ``BaseException`` is a counted, logged failed attempt;
+tasks an ``async`` handler leaves running are awaited before the commit (or fail the batch); a
+cursor column whose type changed is refused before the handler runs; an error that is not the
+library's own fails that poller's run only; backfill record names cannot collide.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from azure_functions_db.core.batch import Batch
+from azure_functions_db.core.clock import FakeClock
+from azure_functions_db.core.engine import Engine, PollerConfig
+from azure_functions_db.errors import (
+    HandlerContractError,
+    HandlerError,
+    SourceDefinitionError,
+    UnexpectedRunError,
+)
+from azure_functions_db.poller import PollerDefinition
+from azure_functions_db.runner import run_one
+from azure_functions_db.sources.sqlalchemy import SqlSource
+from azure_functions_db.spark.records import chunk_key, run_key
+from azure_functions_db.state.memory import MemoryStateStore
+
+from .sqlite_orders import Orders
+
+
+@pytest.fixture
+def orders(tmp_path: Path) -> Iterator[Orders]:
+    table = Orders(tmp_path / "orders.db")
+    table.insert(range(1, 7))
+    yield table
+    table.close()
+
+
+def make(orders: Orders, handler: Any, store: MemoryStateStore | None = None) -> Engine:
+    clock = FakeClock()
+    return Engine(
+        PollerConfig(name="orders", batch_size=3, max_attempts=9),
+        SqlSource(url=orders.url, table="orders", cursor="updated_at", pk="id"),
+        store or MemoryStateStore(clock),
+        handler,
+        clock,
+        owner="test",
+        heartbeat_interval=3600,
+    )
+
+
+def attempts(engine: Engine) -> tuple[int, object]:
+    stored = engine.store.read(engine.config.key)
+    assert stored is not None
+    return stored.checkpoint.attempts, stored.checkpoint.position
+
+
+@pytest.mark.parametrize(
+    ("raised", "escapes"),
+    [
+        (asyncio.CancelledError(), HandlerError),
+        (KeyboardInterrupt(), KeyboardInterrupt),
+        (SystemExit(3), SystemExit),
+    ],
+)
+def test_a_base_exception_is_a_counted_logged_failed_attempt(orders, caplog, raised, escapes):
+    def handler(batch: Batch) -> None:
+        raise raised
+
+    engine = make(orders, handler)
+    with caplog.at_level(logging.ERROR, "azure_functions_db"), pytest.raises(escapes):
+        engine.run({})
+    assert attempts(engine) == (1, None)
+    assert f"error={type(raised).__name__}" in caplog.text
+    assert "action=handler_failed" in caplog.text
+    # The lease was released on the way out: the next run may start at once.
+    assert engine.store.inspect(engine.config.key).holder is None
+
+
+def test_tasks_an_async_handler_leaves_running_are_awaited_before_the_commit(orders):
+    done: list[int] = []
+
+    async def write(ids: list[int]) -> None:
+        await asyncio.sleep(0.05)
+        done.extend(ids)
+
+    async def handler(batch: Batch) -> None:
+        asyncio.create_task(write([c.pk for c in batch]))  # noqa: RUF006 - the point of the test
+
+    report = make(orders, handler).run({})
+    assert report.rows == 6
+    assert sorted(done) == [1, 2, 3, 4, 5, 6]  # nothing acknowledged was cancelled
+
+
+def test_a_failing_task_left_running_fails_the_batch(orders):
+    async def fail() -> None:
+        await asyncio.sleep(0.01)
+        raise ConnectionError("sink refused the write")
+
+    async def handler(batch: Batch) -> None:
+        asyncio.create_task(fail())  # noqa: RUF006 - the point of the test
+
+    engine = make(orders, handler)
+    with pytest.raises(HandlerError) as err:
+        engine.run({})
+    assert isinstance(err.value.__cause__, HandlerContractError)
+    assert "sink refused the write" in str(err.value.__cause__)
+    assert attempts(engine) == (1, None)
+
+
+def test_a_cursor_whose_type_changed_is_refused_before_the_handler(orders, tmp_path):
+    seen: list[int] = []
+    store = MemoryStateStore(FakeClock())
+    make(orders, lambda batch: seen.extend(c.pk for c in batch), store).run({})
+    assert seen == [1, 2, 3, 4, 5, 6]
+    # The cursor column becomes text (a migration): the stored naive datetime no longer fits.
+    orders.close()
+    with sqlite3.connect(tmp_path / "orders.db") as conn:
+        conn.executescript(
+            "ALTER TABLE orders RENAME COLUMN updated_at TO old;"
+            "ALTER TABLE orders ADD COLUMN updated_at TEXT;"
+            "UPDATE orders SET updated_at = 'v' || id;"
+        )
+    conn.close()
+    seen.clear()
+    with pytest.raises(SourceDefinitionError, match="its type changed"):
+        make(orders, lambda batch: seen.extend(c.pk for c in batch), store).run({})
+    assert seen == []
+
+
+def test_a_non_library_error_fails_only_that_pollers_run(orders, tmp_path):
+    class Exploding(SqlSource):
+        def fetch(self, *args: Any, **kwargs: Any) -> Any:
+            raise ZeroDivisionError("driver bug")
+
+    def definition(name: str, source: SqlSource) -> PollerDefinition:
+        return PollerDefinition(
+            config=PollerConfig(name=name),
+            schedule="0 * * * * *",
+            source=source,
+            handler=lambda batch: None,
+            state=MemoryStateStore(FakeClock()),
+        )
+
+    broken = definition("broken", Exploding(orders.url, "orders", "updated_at", "id"))
+    healthy = definition("healthy", SqlSource(orders.url, "orders", "updated_at", "id"))
+    try:
+        first = run_one(broken, {})
+        second = run_one(healthy, {})
+    finally:
+        broken.source.close()
+        healthy.source.close()
+    assert isinstance(first.error, UnexpectedRunError)
+    assert isinstance(first.error.__cause__, ZeroDivisionError)
+    assert "driver bug" in str(first.error)
+    assert second.ok
+    assert second.report is not None
+    assert second.report.rows == 6
+
+
+def test_backfill_record_names_cannot_collide():
+    """`orders.r1` run `0` and `orders` run `r1` chunk 0 were both `orders.r1.0`."""
+    assert run_key("backfill", "orders.r1", "0") != chunk_key("backfill", "orders", "r1", 0)
+    assert run_key("backfill", "orders", "r1.0") != chunk_key("backfill", "orders", "r1", 0)
