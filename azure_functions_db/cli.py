@@ -157,6 +157,13 @@ def _run(args: argparse.Namespace, console: Console) -> int:
             r = outcome.report
             if r.status == "lease_held":
                 console.print(f"{r.poller}: lease_held by {r.holder}; nothing to do this run")
+            elif r.status == "held_by_horizon":
+                console.print(
+                    f"{r.poller}: held_by_horizon for {r.held_seconds or 0:.0f}s by {r.held_by}: "
+                    f"newer rows wait for it; {r.batches} batch(es), {r.rows} row(s), "
+                    f"position {r.position or '(beginning)'}",
+                    style="yellow",
+                )
             else:
                 console.print(
                     f"{r.poller}: {r.status}, {r.batches} batch(es), {r.rows} row(s), "
@@ -242,6 +249,13 @@ def _status(args: argparse.Namespace, console: Console) -> int:
                 str(s.rows),
             )
         console.print(table)
+        for s in statuses:
+            if s.held_by is not None:
+                console.print(
+                    f"{s.poller}: rows held back by the horizon for {s.held_seconds or 0:.0f}s "
+                    f"by {s.held_by}: they wait for that transaction to end",
+                    style="yellow",
+                )
         if statuses:
             console.print(f"state: {statuses[0].store}")
     return EXIT_FAILED if any(s.error for s in statuses) else EXIT_OK

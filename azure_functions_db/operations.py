@@ -15,12 +15,13 @@ from azure_functions_db.core.checkpoint import Checkpoint, StaleFenceError
 from azure_functions_db.core.logs import log_event
 from azure_functions_db.core.position import KeyValue, Position
 from azure_functions_db.errors import (
+    AfdbError,
     CheckpointCorruptError,
     FenceBehindCheckpointError,
     LeaseHeldError,
 )
 from azure_functions_db.poller import PollerDefinition
-from azure_functions_db.ports import StateStore
+from azure_functions_db.ports import BacklogSource, Horizon, StateStore
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,8 @@ class PollerStatus:
     rows: int
     error: str | None = None
     detail: str | None = None  # a backfill run: its phase, chunks and handoff bound
+    held_by: str | None = None  # an open transaction holding rows back behind the horizon
+    held_seconds: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """A stable, JSON-ready form for scripts (keys never renamed, only added)."""
@@ -67,6 +70,8 @@ class PollerStatus:
         }
         if self.detail is not None:  # backfill runs only: pollers' documents keep their keys
             doc["detail"] = self.detail
+        if self.held_by is not None:  # only while rows wait behind the horizon
+            doc["held"] = {"by": self.held_by, "seconds": self.held_seconds}
         return doc
 
 
@@ -98,6 +103,9 @@ def poller_status(definition: PollerDefinition, settings: Mapping[str, str]) -> 
             error=str(exc),
         )
     cp = stored.checkpoint if stored else None
+    held = live_hold(definition, settings, cp.position if cp else None)
+    if held is not None:
+        base["held_by"], base["held_seconds"] = held
     return PollerStatus(
         **base,
         position=cp.position if cp else None,
@@ -108,6 +116,27 @@ def poller_status(definition: PollerDefinition, settings: Mapping[str, str]) -> 
         batches=cp.stats.batches if cp else 0,
         rows=cp.stats.rows if cp else 0,
     )
+
+
+def live_hold(
+    definition: PollerDefinition, settings: Mapping[str, str], position: Position | None
+) -> tuple[str, float] | None:
+    """Who holds rows back behind the horizon now, and for how long; ``None`` when nothing
+    waits or the source cannot be asked (``afdb status`` works without a database)."""
+    source = definition.source
+    try:
+        source.open(settings)
+        horizon = source.horizon()
+        if horizon.hold is None or not isinstance(source, BacklogSource):
+            return None
+        if source.rows_after(position, Horizon(bound=None, method="none"), 1) == 0:
+            return None
+    except AfdbError:
+        return None
+    finally:
+        source.close()
+    age = (definition.clock.now() - horizon.hold.since).total_seconds()
+    return horizon.hold.holder, max(0.0, age)
 
 
 def backfill_statuses(

@@ -166,6 +166,18 @@ class SourceRow:
 
 
 @dataclass(frozen=True)
+class HorizonHold:
+    """The open transaction that holds a commit-safe horizon back (the oldest one).
+
+    ``since``: when it started (aware, UTC); ``holder``: who it is, for people (e.g.
+    ``pid 4242, app `report`, idle in transaction``).
+    """
+
+    since: dt.datetime
+    holder: str
+
+
+@dataclass(frozen=True)
 class Horizon:
     """Upper bounds of one batch, fixed before the read and applied by the database.
 
@@ -173,13 +185,15 @@ class Horizon:
     ``until``: inclusive upper bound on the whole key ``(cursor..., pk...)``, compared by the
     database in its own collation and type order (a backfill chunk's end; ``None``: none).
     ``method`` names how ``bound`` was computed (``lag``, ``none``, ...), ``detail`` says why
-    when the safe method was unavailable.
+    when the safe method was unavailable. ``hold``: the open transaction the bound waits for,
+    when a commit-safe method found one (``None``: nothing holds it but the settle margin).
     """
 
     bound: KeyValue | None
     method: str
     detail: str = ""
     until: Position | None = None
+    hold: HorizonHold | None = None
 
 
 @dataclass(frozen=True)

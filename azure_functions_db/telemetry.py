@@ -95,7 +95,8 @@ def metrics_observer(
 def run_status(report: RunReport, error: BaseException | None) -> str:
     """The ``afdb.status`` of a run: how it ended.
 
-    ``caught_up``, ``budget_spent`` or ``lease_held`` for a run that returned; ``poison``,
+    ``caught_up``, ``held_by_horizon``, ``budget_spent`` or ``lease_held`` for a run that
+    returned; ``poison``,
     ``handler_failed``, ``lease_lost`` (another owner took the poller: lease lost, fence behind,
     commit rejected) or ``failed`` (anything else, e.g. the database or storage) for one that
     raised.
@@ -189,6 +190,12 @@ class OtelMetrics:
             unit="{row}",
             description=f"Rows still to read after a run (at most {rows_behind_cap}).",
         )
+        self._held = meter.create_gauge(
+            "afdb.horizon.held",
+            unit="s",
+            description="How long an open transaction has held rows back behind the horizon "
+            "(0 when nothing waits).",
+        )
 
     # -- RunObserver ---------------------------------------------------------------------------
 
@@ -225,6 +232,8 @@ class OtelMetrics:
         self._run_duration.record(duration, run_attrs)
         if status == "lease_lost":
             self._lost.add(1, attrs)
+        if status in ("caught_up", "held_by_horizon"):
+            self._held.set(report.held_seconds or 0.0, attrs)
         if status == "caught_up":
             self._rows_behind.set(0, attrs)
         elif status in ("budget_spent", "handler_failed", "poison"):

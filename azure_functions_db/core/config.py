@@ -30,6 +30,8 @@ class PollerConfig:
             keeps its own record, while its batches and ``event_id`` still carry the poller's
             ``name``.
         chunk: Which backfill chunk this is (``Batch.chunk``); ``None`` for a live poller.
+        hold_warning: Seconds an open transaction may hold rows back behind the horizon before
+            each run logs it as a WARNING (``action=horizon_held``); below it, INFO.
     """
 
     name: str
@@ -44,6 +46,7 @@ class PollerConfig:
     health_interval: float = 300.0
     record: str | None = None
     chunk: str | None = None
+    hold_warning: float = 300.0
 
     def __post_init__(self) -> None:
         _check_name("poller name", self.name)
@@ -54,6 +57,7 @@ class PollerConfig:
         _check_positive("time_budget", self.time_budget, "seconds, e.g. `time_budget=240`")
         _check_positive("lease_duration", self.lease_duration, "seconds, 15 to 60 on Azure")
         _check_positive("max_attempts", self.max_attempts, "e.g. `max_attempts=5`", integer=True)
+        _check_positive("hold_warning", self.hold_warning, "seconds, e.g. `hold_warning=300`")
         if self.poison != "halt":
             raise ConfigurationError(
                 f'Unknown poison policy `{self.poison!r}`; use `poison="halt"` (keep retrying the '

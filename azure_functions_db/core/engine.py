@@ -24,7 +24,7 @@ from azure_functions_db.core.checkpoint import (
 )
 from azure_functions_db.core.clock import Clock
 from azure_functions_db.core.config import PollerConfig as PollerConfig  # noqa: PLC0414 - re-export
-from azure_functions_db.core.handler import check_handler, check_result
+from azure_functions_db.core.handler import await_all, check_handler, check_result
 from azure_functions_db.core.lease import LeaseKeeper
 from azure_functions_db.core.logs import log_event
 from azure_functions_db.core.observe import RunObserver, guarded
@@ -38,7 +38,6 @@ from azure_functions_db.core.source_change import (
 from azure_functions_db.errors import (
     CheckpointConflictError,
     FenceBehindCheckpointError,
-    HandlerContractError,
     HandlerError,
     PoisonBatchError,
     PositionRegressionError,
@@ -49,6 +48,7 @@ from azure_functions_db.errors import (
 )
 from azure_functions_db.ports import (
     AcknowledgingSource,
+    BacklogSource,
     ChangeSource,
     Horizon,
     Source,
@@ -60,6 +60,7 @@ from azure_functions_db.ports import (
 logger = logging.getLogger(__name__)
 
 Handler = Callable[[Batch], None] | Callable[[Batch], Awaitable[None]]
+_UNBOUNDED = Horizon(bound=None, method="none")
 T = TypeVar("T")
 
 
@@ -102,6 +103,7 @@ class Engine:
         self._change_source = (
             source if isinstance(source, ChangeSource) and self._acknowledger is None else None
         )
+        self._backlog = source if isinstance(source, BacklogSource) else None
 
     # -- the run ------------------------------------------------------------------------------
 
@@ -184,7 +186,7 @@ class Engine:
             final = fresh or horizon.bound is None
             if not changes:
                 if final:
-                    report.status = "caught_up"
+                    self._caught_up(report, horizon, cp.position)
                     return
                 horizon = None
                 continue
@@ -199,11 +201,32 @@ class Engine:
             report.position = cp.position
             if len(changes) < cfg.batch_size:
                 if final:
-                    report.status = "caught_up"
+                    self._caught_up(report, horizon, cp.position)
                     return
                 horizon = None
             else:
                 fresh = False
+
+    def _caught_up(self, report: RunReport, horizon: Horizon, position: Position | None) -> None:
+        """Everything below the horizon is read: ``caught_up``, or ``held_by_horizon`` when
+        an open transaction holds the bound and rows above it are waiting (a stall that is
+        correct, and reported, never shown as caught up)."""
+        report.status = "caught_up"
+        hold = horizon.hold
+        if hold is None or self._backlog is None:
+            return
+        if self._retrying(self._backlog.rows_after, position, _UNBOUNDED, 1) == 0:
+            return
+        age = max(0.0, (self.clock.now() - hold.since).total_seconds())
+        report.status, report.held_by, report.held_seconds = "held_by_horizon", hold.holder, age
+        self._log(
+            logging.WARNING if age >= self.config.hold_warning else logging.INFO,
+            "horizon_held",
+            held_by=hold.holder,
+            held_seconds=f"{age:.0f}",
+            method=horizon.method,
+            note="rows_wait_for_this_open_transaction",
+        )
 
     def _fetch(
         self, after: Position | None, horizon: Horizon
@@ -301,7 +324,7 @@ class Engine:
         try:
             result = self.handler(batch)
             if inspect.isawaitable(result):
-                check_result(asyncio.run(_await(result)), self.handler, awaited=True)
+                check_result(asyncio.run(await_all(result)), self.handler, awaited=True)
             else:
                 check_result(result, self.handler, awaited=False)
         except BaseException as exc:
@@ -463,27 +486,3 @@ class Engine:
             namespace=self.config.namespace,
             **fields,
         )
-
-
-async def _await(awaitable: Awaitable[T]) -> T:
-    """Await the handler, then every task it started and left running.
-
-    ``asyncio.run`` cancels tasks still pending when the handler returns: work the handler
-    started with ``asyncio.create_task`` and did not await would be cancelled, and the batch
-    acknowledged anyway. They are awaited here, before the commit; one that fails fails the
-    batch.
-    """
-    before = asyncio.all_tasks()
-    result = await awaitable
-    current = asyncio.current_task()
-    while pending := asyncio.all_tasks() - before - {current}:
-        outcomes = await asyncio.gather(*pending, return_exceptions=True)
-        before |= pending
-        failures = [o for o in outcomes if isinstance(o, BaseException)]
-        if failures:
-            raise HandlerContractError(
-                f"{len(failures)} task(s) the handler started and left running failed "
-                f"(first: {type(failures[0]).__name__}: {failures[0]}); the batch is not "
-                "acknowledged. Await the tasks you start inside the handler."
-            ) from failures[0]
-    return result

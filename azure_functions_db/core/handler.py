@@ -9,11 +9,14 @@ not ``None``. A refused result is a failed attempt of the batch, never an acknow
 
 from __future__ import annotations
 
+import asyncio
 import inspect
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from azure_functions_db.errors import ConfigurationError, HandlerContractError
+
+T = TypeVar("T")
 
 _SHAPE = "`def {name}(batch): ...` or `async def {name}(batch): ...`"
 
@@ -97,3 +100,27 @@ def check_result(result: object, handler: object, *, awaited: bool) -> None:
         "cannot tell whether work it describes was done (a lazy `map`, an un-awaited task), so "
         "the batch is not acknowledged. Do the work inside the handler and return None."
     )
+
+
+async def await_all(awaitable: Awaitable[T]) -> T:
+    """Await the handler, then every task it started and left running.
+
+    ``asyncio.run`` cancels tasks still pending when the handler returns: work the handler
+    started with ``asyncio.create_task`` and did not await would be cancelled, and the batch
+    acknowledged anyway. They are awaited here, before the commit; one that fails fails the
+    batch.
+    """
+    before = asyncio.all_tasks()
+    result = await awaitable
+    current = asyncio.current_task()
+    while pending := asyncio.all_tasks() - before - {current}:
+        outcomes = await asyncio.gather(*pending, return_exceptions=True)
+        before |= pending
+        failures = [o for o in outcomes if isinstance(o, BaseException)]
+        if failures:
+            raise HandlerContractError(
+                f"{len(failures)} task(s) the handler started and left running failed "
+                f"(first: {type(failures[0]).__name__}: {failures[0]}); the batch is not "
+                "acknowledged. Await the tasks you start inside the handler."
+            ) from failures[0]
+    return result

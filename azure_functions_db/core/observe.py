@@ -23,11 +23,16 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class RunReport:
-    """What one run did. ``status`` is ``caught_up``, ``budget_spent`` or ``lease_held``."""
+    """What one run did.
+
+    ``status`` is ``caught_up``, ``budget_spent``, ``lease_held`` or ``held_by_horizon``: the
+    run read everything below the horizon, but rows above it wait for an open transaction
+    (``held_by`` says which, ``held_seconds`` for how long) — never shown as caught up.
+    """
 
     poller: str
     namespace: str
-    status: Literal["caught_up", "budget_spent", "lease_held"] = "caught_up"
+    status: Literal["caught_up", "budget_spent", "lease_held", "held_by_horizon"] = "caught_up"
     batches: int = 0
     rows: int = 0
     fence: int | None = None
@@ -35,6 +40,8 @@ class RunReport:
     position: Position | None = None
     null_cursor_rows: int | None = None
     warnings: list[str] = field(default_factory=list)
+    held_by: str | None = None
+    held_seconds: float | None = None
 
 
 class RunObserver(Protocol):

@@ -85,6 +85,7 @@ class PollerBlueprint(func.Blueprint):
         use_monitor: bool | None = None,
         retry: FunctionsRetry | None = None,
         check_source: bool = True,
+        hold_warning: float = 300.0,
     ) -> Callable[[H], H]:
         """Poll ``source`` on ``schedule`` and call the decorated handler with each batch.
 
@@ -113,6 +114,9 @@ class PollerBlueprint(func.Blueprint):
                 fire a missed occurrence late as ``past_due``).
             retry: An optional host retry policy, ``afdb.FunctionsRetry(...)``, for failed
                 runs; see :class:`~azure_functions_db.functions.retry.FunctionsRetry`.
+            hold_warning: Seconds an open transaction may hold rows back behind the horizon
+                before each run logs ``action=horizon_held`` as a WARNING (INFO before). The
+                run's status is ``held_by_horizon`` either way.
             check_source: Check at decoration time that the table and columns exist when the
                 database is reachable (skipped when a ``%SETTING%`` is not defined yet).
 
@@ -128,6 +132,7 @@ class PollerBlueprint(func.Blueprint):
             lease_duration=lease_duration,
             max_attempts=max_attempts,
             poison=poison,
+            hold_warning=hold_warning,
         )
         validate_schedule(schedule, name)
         if retry is not None and not isinstance(retry, FunctionsRetry):

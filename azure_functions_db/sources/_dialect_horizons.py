@@ -33,6 +33,7 @@ from sqlalchemy.dialects import mssql
 
 from azure_functions_db.core.position import KeyValue
 from azure_functions_db.errors import ConfigurationError, SourceError
+from azure_functions_db.ports import HorizonHold
 from azure_functions_db.sources._values import column_kind, time_bound
 
 if TYPE_CHECKING:
@@ -81,6 +82,16 @@ PG_XACT_START_SQL = sa.text(
     "(SELECT min(a.backend_start) AT TIME ZONE 'UTC' FROM pg_stat_activity AS a "
     "WHERE a.state = 'disabled' AND a.pid <> pg_backend_pid() "
     "AND a.datname = current_database() AND a.backend_type = 'client backend') AS untracked, "
+    "(SELECT 'pid ' || a.pid || ', app `' || coalesce(nullif(a.application_name, ''), '-') "
+    "|| '`, ' || coalesce(a.state, '?') FROM pg_stat_activity AS a "
+    "WHERE a.xact_start IS NOT NULL AND a.pid <> pg_backend_pid() "
+    "AND a.datname = current_database() "
+    "AND a.backend_type NOT IN ('autovacuum worker', 'autovacuum launcher') "
+    "ORDER BY a.xact_start LIMIT 1) AS holder, "
+    "(SELECT 'pid ' || a.pid || ' (track_activities off)' FROM pg_stat_activity AS a "
+    "WHERE a.state = 'disabled' AND a.pid <> pg_backend_pid() "
+    "AND a.datname = current_database() AND a.backend_type = 'client backend' "
+    "ORDER BY a.backend_start LIMIT 1) AS untracked_holder, "
     "(SELECT p.gid || ' prepared at ' || p.prepared FROM pg_prepared_xacts AS p "
     "WHERE p.database = current_database() ORDER BY p.prepared LIMIT 1) AS prepared, "
     "pg_has_role('pg_read_all_stats', 'USAGE') AS sees_all, "
@@ -115,6 +126,10 @@ _MYSQL_TRX = (
     "CONVERT_TZ(UTC_TIMESTAMP(6), '+00:00', 'SYSTEM') AS system_now, "
     "(SELECT MIN(t.trx_started) FROM information_schema.innodb_trx AS t "
     "WHERE t.trx_mysql_thread_id <> CONNECTION_ID()) AS oldest, "
+    "(SELECT CONCAT('thread ', t.trx_mysql_thread_id, ', user `', COALESCE(p.USER, '?'), '@', "
+    "COALESCE(p.HOST, '?'), '`, ', COALESCE(p.COMMAND, '?')) FROM information_schema.innodb_trx "
+    "AS t LEFT JOIN information_schema.PROCESSLIST AS p ON p.ID = t.trx_mysql_thread_id "
+    "WHERE t.trx_mysql_thread_id <> CONNECTION_ID() ORDER BY t.trx_started LIMIT 1) AS holder, "
 )
 MYSQL_TRX_SQL = sa.text(_MYSQL_TRX + _STATEMENTS.format(elapsed="(p.TIME + 1) * 1000000"))
 MARIADB_TRX_SQL = sa.text(_MYSQL_TRX + _STATEMENTS.format(elapsed="CEIL(p.TIME_MS * 1000)"))
@@ -249,6 +264,8 @@ class PgXactStartHorizon:
     def __init__(self, settle: dt.timedelta = DEFAULT_SETTLE) -> None:
         self.settle = settle
         self._warned_prepared: str | None = None
+        #: The transaction the last bound waited for, if any (see ``Horizon.hold``).
+        self.hold: HorizonHold | None = None
 
     def prepare(self, source: SqlSource) -> None:
         """Require PostgreSQL, a time cursor, and that the role sees every transaction."""
@@ -275,7 +292,11 @@ class PgXactStartHorizon:
                 "the server is a standby, which does not list the primary's open transactions; "
                 "fix: point the source at the primary"
             )
+        self.hold = None
         if row.prepared is not None:
+            self.hold = HorizonHold(
+                since=HELD_ENTIRELY, holder=f"prepared transaction {row.prepared}"
+            )
             if row.prepared != self._warned_prepared:
                 self._warned_prepared = row.prepared
                 logger.warning(
@@ -286,9 +307,10 @@ class PgXactStartHorizon:
                 )
             return time_bound(HELD_ENTIRELY, source.cursor_columns[0], source.cursor_timezone)
         oldest: dt.datetime = row.server_now - self.settle
-        for held in (row.oldest, row.untracked):
-            if held is not None:
-                oldest = min(oldest, held)
+        for held, holder in ((row.oldest, row.holder), (row.untracked, row.untracked_holder)):
+            if held is not None and held < oldest:
+                oldest = held
+                self.hold = HorizonHold(since=held.replace(tzinfo=dt.UTC), holder=str(holder))
         return time_bound(
             oldest.replace(tzinfo=dt.UTC), source.cursor_columns[0], source.cursor_timezone
         )
@@ -312,6 +334,8 @@ class MysqlTrxHorizon:
     def __init__(self, settle: dt.timedelta = DEFAULT_SETTLE) -> None:
         self.settle = settle
         self._last_read = -INNODB_TRX_CACHE_IDLE
+        #: The transaction the last bound waited for, if any (see ``Horizon.hold``).
+        self.hold: HorizonHold | None = None
 
     def prepare(self, source: SqlSource) -> None:
         """Require MySQL/MariaDB, a time cursor and the ``PROCESS`` privilege."""
@@ -348,6 +372,7 @@ class MysqlTrxHorizon:
             raise
         utc_now: dt.datetime = row.utc_now
         oldest = utc_now
+        self.hold = None
         if row.oldest is not None:
             # Read trx_started in both zones it may be written in; a reading in the future is
             # the wrong one, and of two plausible readings the earlier is the safe one.
@@ -358,6 +383,7 @@ class MysqlTrxHorizon:
             ]
             plausible = [r for r in readings if r <= utc_now + self.settle] or readings
             oldest = min(oldest, *plausible)
+            self.hold = HorizonHold(since=oldest.replace(tzinfo=dt.UTC), holder=str(row.holder))
         if row.statement is not None:
             oldest = min(oldest, row.statement)
         return time_bound(

@@ -21,6 +21,7 @@ from sqlalchemy.dialects import mssql
 
 from azure_functions_db.core.position import KeyValue
 from azure_functions_db.errors import ConfigurationError
+from azure_functions_db.ports import HorizonHold
 from azure_functions_db.sources._dialect_horizons import (
     DEFAULT_SETTLE,
     TIME_KINDS,
@@ -195,6 +196,12 @@ class AutoHorizon:
         except HorizonUnavailable as exc:
             self._fall_back(source, exc.reason)
             return self.chosen.bound(source, now)
+
+    @property
+    def hold(self) -> HorizonHold | None:
+        """The open transaction the chosen strategy's last bound waited for, if it says."""
+        hold: HorizonHold | None = getattr(self.chosen, "hold", None)
+        return hold
 
     def _choose(self, source: SqlSource, strategy: HorizonStrategy, detail: str) -> None:
         if detail == "":

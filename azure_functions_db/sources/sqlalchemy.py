@@ -290,6 +290,7 @@ class SqlSource:
             bound=bound,
             method=self._horizon.name if bound is not None else "none",
             detail=getattr(self._horizon, "detail", ""),
+            hold=getattr(self._horizon, "hold", None),
         )
 
     def fetch(self, after: Position | None, limit: int, horizon: Horizon) -> Sequence[SourceRow]:
