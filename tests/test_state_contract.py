@@ -7,6 +7,9 @@ import datetime as dt
 import errno
 import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -70,13 +73,19 @@ class TestLocalStateStore(StateStoreContract):
         header = f"afdb-checkpoint etag={etag}\n".encode()
         assert (directory / "orders.checkpoint").read_bytes().startswith(header)
         lease = json.loads((directory / "orders.lease").read_text())
-        expected = (clock.now() + dt.timedelta(seconds=30)).timestamp()
+        # Expiry on the monotonic clock (seconds since an arbitrary origin), with the boot id.
+        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        origin = dt.datetime(2000, 1, 1, tzinfo=dt.UTC).timestamp()
         assert lease == {
             "lease_id": grant.lease_id,
             "owner": "host-1",
-            "expires_at": expected,
+            "expires_at": origin + clock.monotonic() + 30,
             "fence": 1,
+            "clock": "monotonic",
+            "boot_id": boot_id,
         }
+        # Shown as wall-clock time all the same.
+        assert store.inspect(key).expires_at == clock.now() + dt.timedelta(seconds=30)
         assert store.describe() == f"local:{tmp_path / 'a' / 'b'}"
 
     def test_two_store_objects_on_one_directory_share_records_and_leases(
@@ -190,3 +199,62 @@ def test_system_clock_reads_utc_wall_time_and_the_monotonic_clock() -> None:
     first = clock.monotonic()
     clock.sleep(0.01)
     assert clock.monotonic() - first >= 0.01
+
+
+LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1")
+
+
+class SteppedClock(SystemClock):
+    """The system clock with its wall time stepped ``ahead`` seconds (NTP, an operator)."""
+
+    def __init__(self, ahead: float) -> None:
+        self.ahead = dt.timedelta(seconds=ahead)
+
+    def now(self) -> dt.datetime:
+        return super().now() + self.ahead
+
+
+def test_a_wall_clock_step_cannot_free_a_live_local_lease(tmp_path: Path) -> None:
+    """Expiry is decided on the monotonic clock: a process whose wall clock jumped ten minutes
+    ahead does not take a lease another process holds (two handlers would run at once)."""
+    key = PollerKey("live", "orders")
+    holder = LocalStateStore(tmp_path, clock=SystemClock())
+    assert holder.acquire(key, "holder", 30) is not None
+    stepped = LocalStateStore(tmp_path, clock=SteppedClock(600))
+    assert stepped.acquire(key, "stepped", 30) is None
+    assert stepped.inspect(key).holder == "holder"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not LIBFAKETIME.is_file(), reason="needs Debian's faketime (.ci/run)")
+def test_a_process_with_its_wall_clock_ten_minutes_ahead_cannot_take_the_lease(
+    tmp_path: Path,
+) -> None:
+    key = PollerKey("live", "orders")
+    assert LocalStateStore(tmp_path).acquire(key, "holder", 30) is not None
+    script = (
+        "import sys; from azure_functions_db.state.local import LocalStateStore; "
+        "from azure_functions_db.core.checkpoint import PollerKey; "
+        f"g = LocalStateStore({str(tmp_path)!r}).acquire(PollerKey('live', 'orders'), 'x', 30); "
+        "print('took' if g else 'refused')"
+    )
+    env = {  # a wall clock stepped 10 minutes ahead; the monotonic clock untouched
+        **os.environ,
+        "LD_PRELOAD": str(LIBFAKETIME),
+        "FAKETIME": "+10m",
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            script + "; import time; assert time.time() > " + str(time.time() + 500),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "refused"

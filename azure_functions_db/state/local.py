@@ -11,16 +11,22 @@ Every change happens under an exclusive ``flock`` on the poller's lock file and 
 temp file + fsync + ``os.replace`` + directory fsync, so a reader sees the old or the new file,
 never half of one, and a crash never leaves a torn record. The kernel drops a dead process's
 ``flock``, so a killed process cannot wedge the store; its lease simply expires. Lease expiry is
-decided by the store's clock: every process using one directory must run on the same machine
-(``flock`` over network file systems is not trusted here).
+decided by the machine's monotonic clock, which cannot step: a wall clock set forward (NTP, an
+operator) must not let a second process take a live lease. Every process using one directory
+must run on the same machine (``flock`` over network file systems is not trusted here). The
+lease file records the kernel's boot id with its monotonic expiry; a lease from an earlier boot
+is free (its owner cannot have survived the reboot). Where the kernel has no boot id (not
+Linux) expiry falls back to the wall clock.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import errno
 import fcntl
+import functools
 import json
 import os
 import re
@@ -166,7 +172,7 @@ class LocalStateStore:
         path = self.lease_path(key)
         with self._locked(key):
             record = _read_lease(path)
-            outcome = _common.acquire(record, key, owner, duration, self._clock.now())
+            outcome = _common.acquire(record, key, owner, duration, self._lease_now())
             if outcome is None:
                 return None
             _write_atomic(path, _encode_lease(outcome[0]))
@@ -177,7 +183,7 @@ class LocalStateStore:
         path = self.lease_path(grant.key)
         with self._locked(grant.key):
             record = _read_lease(path)
-            renewed = _common.renew(record, grant, self._clock.now())
+            renewed = _common.renew(record, grant, self._lease_now())
             _write_atomic(path, _encode_lease(renewed))
 
     def release(self, grant: LeaseGrant) -> None:
@@ -190,7 +196,18 @@ class LocalStateStore:
 
     def inspect(self, key: PollerKey) -> LeaseInfo:
         """See :meth:`azure_functions_db.ports.LeaseManager.inspect`."""
-        return _common.info(_read_lease(self.lease_path(key)), key, self._clock.now())
+        info = _common.info(_read_lease(self.lease_path(key)), key, self._lease_now())
+        if info.expires_at is None or _boot_id() is None:
+            return info
+        # Shown as wall-clock time: the monotonic expiry, as far from now as it is.
+        wall = self._clock.now() + (info.expires_at - self._lease_now())
+        return dataclasses.replace(info, expires_at=wall)
+
+    def _lease_now(self) -> dt.datetime:
+        """The lease clock: the monotonic clock as a datetime where the boot id is known."""
+        if _boot_id() is None:
+            return self._clock.now()
+        return _STEADY_EPOCH + dt.timedelta(seconds=self._clock.monotonic())
 
     # -- StateStore --------------------------------------------------------------------------
 
@@ -263,12 +280,28 @@ def _split_record(data: bytes) -> tuple[str | None, bytes]:
     return match.group(1).decode("ascii"), body
 
 
+#: The origin of lease times on the monotonic clock (any fixed instant will do).
+_STEADY_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+
+
+@functools.cache
+def _boot_id() -> str | None:
+    """The kernel's id of this boot (Linux), or ``None`` where there is none."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
 def _encode_lease(record: _common.LeaseRecord) -> bytes:
     doc: dict[str, Any] = {
         "lease_id": record.lease_id,
         "owner": record.owner,
         "expires_at": record.expires_at.timestamp() if record.expires_at else None,
         "fence": record.fence,
+        # `monotonic`: expires_at is seconds on this boot's monotonic clock (see _lease_now).
+        "clock": "wall" if _boot_id() is None else "monotonic",
+        "boot_id": _boot_id(),
     }
     return json.dumps(doc, sort_keys=True).encode("utf-8")
 
@@ -294,6 +327,12 @@ def _read_lease(path: Path) -> _common.LeaseRecord:
         if not (expires is None or isinstance(expires, int | float)):
             raise ValueError(f"bad expires_at {expires!r}")
         expires_at = None if expires is None else dt.datetime.fromtimestamp(expires, dt.UTC)
+        if expires_at is not None and (
+            doc.get("clock", "wall") != ("wall" if _boot_id() is None else "monotonic")
+            or doc.get("boot_id") != _boot_id()
+        ):
+            # Written on another boot (its owner is gone) or on another clock: expired.
+            expires_at = None
     except (ValueError, TypeError, KeyError, OverflowError, OSError) as exc:
         raise StateStoreError(
             f"Lease file `{path}` is corrupt ({exc!r}). Stop every instance of this poller, "
