@@ -205,6 +205,7 @@ def validate_poller(
     if check.open_source():
         try:
             check.key_types()
+            check.key_order()
             check.index()
             check.horizon()
             check.source_health()
@@ -280,6 +281,17 @@ class _Validation:
         if isinstance(self.source, SqlSource):
             for problem in key_problems(self.source):
                 self.add("key_types", "error", problem)
+
+    def key_order(self) -> None:
+        if not isinstance(self.source, SqlSource):
+            return
+        try:
+            lines = self.source.describe_order()
+        except AfdbError as exc:
+            self.add("key_order", "warning", f"The key's collation cannot be read: {exc}")
+            return
+        for line in lines:
+            self.add("key_order", "ok", line)
 
     def index(self) -> None:
         source = self.source

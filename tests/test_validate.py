@@ -727,3 +727,34 @@ def test_horizon_advice_never_offers_a_lag_the_source_refuses(  # noqa: PLR0917
     code, (doc,) = validate_json(write_app(tmp_path, monkeypatch, db, text), capsys)
     assert code == EXIT_FAILED
     assert "needs a date or date-time cursor" in findings(doc, "source")[0]["message"]
+
+
+# -- how the database compares the key ----------------------------------------------------------
+
+
+@pytest.mark.mysql
+def test_validate_reports_the_collation_of_text_keys_and_the_zones(
+    maria, tmp_path, monkeypatch, capsys
+):
+    maria.run("CREATE TABLE t (id varchar(20) PRIMARY KEY, updated_at datetime(6) NOT NULL)")
+    app = write_app(tmp_path, monkeypatch, maria, poller("t", "t"))
+    code, (doc,) = validate_json(app, capsys)
+    assert code == EXIT_OK, doc
+    messages = [f["message"] for f in findings(doc, "key_order")]
+    assert any("`id`" in m and "_ci`" in m for m in messages), messages  # case-insensitive
+    assert any(
+        "default zone is `SYSTEM" in m and "`cursor_timezone` is `UTC`" in m for m in messages
+    )
+
+
+@pytest.mark.postgres
+def test_validate_reports_an_icu_collation(pg, tmp_path, monkeypatch, capsys):
+    pg.run(
+        f'CREATE TABLE {pg.qualified("t")} (id text COLLATE "en-x-icu" PRIMARY KEY, '
+        "updated_at timestamptz NOT NULL)"
+    )
+    app = write_app(tmp_path, monkeypatch, pg, poller("t", "t", schema=pg.schema))
+    code, (doc,) = validate_json(app, capsys)
+    assert code == EXIT_OK, doc
+    (finding,) = findings(doc, "key_order")
+    assert "collation `en-x-icu (i)`" in finding["message"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal, TypeAlias
 
@@ -100,6 +100,22 @@ def parse_value(text: str, column: sa.Column[Any], zone: dt.tzinfo) -> KeyValue:
             f"Cannot read `{text}` as a value of cursor column `{column.name}` "
             f"({column.type}): expected {_EXPECTED[kind]}."
         ) from exc
+
+
+def parse_cursor(
+    text: str, columns: Sequence[sa.Column[Any]], zone: dt.tzinfo, qualified: str
+) -> tuple[KeyValue, ...]:
+    """Operator text as values of the cursor ``columns``: comma-separated for several."""
+    if len(columns) == 1:
+        return (parse_value(text, columns[0], zone),)
+    parts = [part.strip() for part in text.split(",", len(columns) - 1)]
+    if len(parts) != len(columns):
+        names = ", ".join(f"`{column.name}`" for column in columns)
+        raise ConfigurationError(
+            f"`{text}` has {len(parts)} value(s) but the cursor of `{qualified}` has "
+            f"{len(columns)} columns ({names}): give one value per column, separated by commas."
+        )
+    return tuple(parse_value(p, c, zone) for p, c in zip(parts, columns, strict=True))
 
 
 def time_bound(moment: dt.datetime, column: sa.Column[Any], zone: dt.tzinfo) -> KeyValue | None:

@@ -37,6 +37,7 @@ from azure_functions_db.errors import (
     SourceError,
 )
 from azure_functions_db.ports import Horizon, SourceHealth, SourceRow
+from azure_functions_db.sources import _collations as collations
 from azure_functions_db.sources import _config as config
 from azure_functions_db.sources import _engine as engines
 from azure_functions_db.sources import _health as health
@@ -52,7 +53,7 @@ from azure_functions_db.sources._horizon import (
 )
 from azure_functions_db.sources._keyset import KeysetQuery, deletion_test, picker
 from azure_functions_db.sources._rows import RowShape
-from azure_functions_db.sources._values import parse_value
+from azure_functions_db.sources._values import parse_cursor
 
 __all__ = ["AutoHorizon", "HorizonStrategy", "LagHorizon", "NoHorizon", "SqlSource"]
 
@@ -339,18 +340,7 @@ class SqlSource:
         Whitespace around comma-separated values is ignored; a single text cursor is taken as
         is. Date-times use ISO 8601; bytes (``rowversion``) are hexadecimal, ``0x`` optional.
         """
-        columns = self._require_open().cursor
-        if len(columns) == 1:
-            return (parse_value(text, columns[0], self._zone),)
-        parts = [part.strip() for part in text.split(",", len(columns) - 1)]
-        if len(parts) != len(columns):
-            names = ", ".join(f"`{column.name}`" for column in columns)
-            raise ConfigurationError(
-                f"`{text}` has {len(parts)} value(s) but the cursor of `{self._qualified}` has "
-                f"{len(columns)} columns ({names}): give one value per column, separated by "
-                "commas."
-            )
-        return tuple(parse_value(p, c, self._zone) for p, c in zip(parts, columns, strict=True))
+        return parse_cursor(text, self._require_open().cursor, self._zone, self._qualified)
 
     def check(self) -> SourceHealth:
         """Count NULL-cursor rows (raising ``NullCursorError`` if so configured); check indexes."""
@@ -382,6 +372,14 @@ class SqlSource:
         for warning in warnings[1 if null_rows else 0 :]:
             logger.warning("action=source_check table=%s warning=%s", self._qualified, warning)
         return SourceHealth(null_cursor_rows=null_rows, warnings=tuple(warnings))
+
+    def describe_order(self) -> list[str]:
+        """How the database compares the key: text columns' collations, a naive cursor's
+        zones (for ``afdb validate``; the queries follow these rules already)."""
+        query = self._require_open()
+        columns = [*query.cursor, *query.pk]
+        with self._db_errors("describe"), self.engine.connect() as conn:
+            return collations.describe(conn, columns, self._schema, self._zone)
 
     def close(self) -> None:
         """Dispose of the engine and its pool; :meth:`open` may be called again."""
