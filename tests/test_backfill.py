@@ -304,7 +304,7 @@ def test_stale_attempt_cannot_commit_after_a_newer_attempt_fenced_the_chunk(app,
     import dataclasses
 
     config = dataclasses.replace(
-        definition.config, name=key.poller, namespace="backfill", lease_duration=1.0
+        definition.config, record=key.poller, namespace="backfill", lease_duration=1.0
     )
     old = Engine(
         config,

@@ -50,8 +50,8 @@ class PollerConfig:
 
     def __post_init__(self) -> None:
         _check_name("poller name", self.name)
-        if self.record is not None:
-            _check_name("checkpoint record name", self.record)
+        if self.record is not None:  # a backfill chunk: `<poller>~<run id>~<index>`
+            _check_name("checkpoint record name", self.record, extra="~", longest=127)
         _check_name("namespace", self.namespace)
         _check_positive("batch_size", self.batch_size, "e.g. `batch_size=1000`", integer=True)
         _check_positive("time_budget", self.time_budget, "seconds, e.g. `time_budget=240`")
@@ -79,11 +79,11 @@ class PollerConfig:
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 
 
-def _check_name(what: str, value: object) -> None:
+def _check_name(what: str, value: object, *, extra: str = "", longest: int = 63) -> None:
     if (
         not isinstance(value, str)
-        or not 1 <= len(value) <= 63
-        or not set(value) <= _NAME_CHARS
+        or not 1 <= len(value) <= longest
+        or not set(value) <= _NAME_CHARS | set(extra)
         or value[0] in "-."
     ):
         raise ConfigurationError(
