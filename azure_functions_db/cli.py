@@ -185,6 +185,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
             _stderr().print(INTERRUPTED, style="red")
             return EXIT_INTERRUPTED
         return EXIT_FAILED if failures else EXIT_OK
+    _check_sources(pollers, settings)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     console.print(
@@ -196,6 +197,17 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         _stderr().print(INTERRUPTED, style="red")
         return EXIT_OK
     return EXIT_FAILED if failures else EXIT_OK
+
+
+def _check_sources(pollers: Sequence[Any], settings: dict[str, str]) -> None:
+    """Open each poller's source once before the schedule starts, so a missing table or column
+    is reported now rather than at that poller's first tick (importing the app checks nothing).
+    A poller that fails here stays scheduled, and its runs report the error; the others run."""
+    for definition in pollers:
+        try:
+            definition.source.open(settings)
+        except AfdbError as exc:
+            _stderr().print(f"{definition.name}: cannot run yet: {exc}", style="red")
 
 
 def _show_handler_error(error: AfdbError, *, verbose: bool) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.util
 import sys
@@ -10,19 +9,19 @@ from pathlib import Path
 from types import ModuleType
 
 from azure_functions_db.errors import ConfigurationError
-from azure_functions_db.functions.blueprint import PollerBlueprint, deferred_source_checks
+from azure_functions_db.functions.blueprint import PollerBlueprint
 from azure_functions_db.poller import PollerDefinition
 
 
-def load_pollers(spec: str, *, check_sources: bool = True) -> dict[str, PollerDefinition]:
+def load_pollers(spec: str) -> dict[str, PollerDefinition]:
     """Pollers defined by ``spec``: a file, a directory holding ``function_app.py``, a module
     name, or ``module:attr`` naming a ``PollerBlueprint`` (or anything in a module that has them).
 
-    ``check_sources=False`` loads the app without the decorators' source checks (a missing
-    table then does not stop the import; ``afdb validate`` reports it per poller).
+    Importing the app does no I/O (the decorator only records configuration), so a missing
+    table never stops the import: each poller's run, ``afdb validate`` and ``afdb run`` at its
+    start report it for that poller.
     """
-    with contextlib.nullcontext() if check_sources else deferred_source_checks():
-        module, attr = _import(spec)
+    module, attr = _import(spec)
     if attr is not None:
         target = getattr(module, attr, None)
         if target is None:

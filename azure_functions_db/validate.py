@@ -181,7 +181,7 @@ def validate_app(
     from azure_functions_db.loader import load_pollers
 
     env = dict(os.environ if settings is None else settings)
-    found = load_pollers(app, check_sources=False)
+    found = load_pollers(app)
     names = list(pollers) if pollers else list(found)
     unknown = [name for name in names if name not in found]
     if unknown:

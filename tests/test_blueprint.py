@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import logging
+import socket
 from pathlib import Path
+from typing import Any
 
 import azure.functions as func
 import pytest
+import sqlalchemy as sa
 from azure.functions.timer import TimerRequest
 
 import azure_functions_db as afdb
@@ -16,6 +18,7 @@ from azure_functions_db.errors import (
     SettingNotFoundError,
     SourceDefinitionError,
 )
+from azure_functions_db.runner import run_one
 
 from .sqlite_orders import Orders
 
@@ -153,23 +156,68 @@ def test_duplicate_poller_names_are_rejected(orders):
         db.poller(name="a_b", schedule="0 * * * * *", source=source(orders.url))
 
 
-def test_missing_table_fails_at_decoration_when_the_db_is_reachable(orders):
+@pytest.fixture
+def no_network(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Fail any network connection or engine creation; returns what was attempted."""
+    attempts: list[str] = []
+
+    def refuse(what: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            attempts.append(what)
+            raise AssertionError(f"I/O at decoration: {what}")
+
+        return call
+
+    monkeypatch.setattr(socket.socket, "connect", refuse("socket.connect"))
+    monkeypatch.setattr(socket, "create_connection", refuse("socket.create_connection"))
+    monkeypatch.setattr(sa, "create_engine", refuse("sqlalchemy.create_engine"))
+    return attempts
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql+psycopg://postgres@127.0.0.1:5432/test",  # reachable, no `orders` table
+        "postgresql+psycopg://postgres@127.0.0.1:1/test",  # no server at all
+        "%ORDERS_DB_URL%",
+    ],
+)
+def test_decorating_does_no_io_whatever_the_database(no_network, monkeypatch, url):
+    monkeypatch.setenv("ORDERS_DB_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
     db = afdb.PollerBlueprint()
-    with pytest.raises(SourceDefinitionError, match="ordrs"):
-        db.poller(name="x", schedule="0 * * * * *", source=source(orders.url, table="ordrs"))
+    db.poller(name="x", schedule="0 * * * * *", source=source(url, table="no_such_table"))(
+        lambda batch: None
+    )
+    app = func.FunctionApp()
+    app.register_functions(db)
+    assert [f.get_function_name() for f in app.get_functions()] == ["poll_x"]
+    assert no_network == []
 
 
-def test_missing_column_fails_at_decoration_when_the_db_is_reachable(orders):
+def test_a_missing_table_fails_only_that_pollers_run_and_writes_nothing(orders, tmp_path):
+    store = afdb.LocalStateStore(tmp_path / "state")
     db = afdb.PollerBlueprint()
-    with pytest.raises(SourceDefinitionError, match="changed_at"):
-        db.poller(name="x", schedule="0 * * * * *", source=source(orders.url, cursor="changed_at"))
-
-
-def test_undefined_setting_defers_the_check_to_run_time(caplog):
-    db = afdb.PollerBlueprint()
-    with caplog.at_level(logging.DEBUG, logger="azure_functions_db"):
-        db.poller(name="x", schedule="0 * * * * *", source=source("%NOT_DEFINED_ANYWHERE%"))
-    assert "source_check_deferred" in caplog.text
+    seen: list[int] = []
+    db.poller(name="good", schedule="0 * * * * *", source=source(orders.url), state=store)(
+        lambda batch: seen.extend(c.pk for c in batch)
+    )
+    db.poller(
+        name="later", schedule="0 * * * * *", source=source(orders.url, table="ordrs"), state=store
+    )(lambda batch: None)
+    good = run_one(db.pollers["good"], {})
+    later = run_one(db.pollers["later"], {})
+    try:
+        assert good.ok
+        assert seen
+        assert isinstance(later.error, SourceDefinitionError)
+        assert "`ordrs`" in str(later.error)
+        assert store.read(db.pollers["later"].config.key) is None  # nothing written
+        missing_column = source(orders.url, cursor="changed_at")
+        with pytest.raises(SourceDefinitionError, match="changed_at"):
+            missing_column.open({})
+    finally:
+        for definition in db.pollers.values():
+            definition.source.close()
 
 
 def test_disclosure_is_in_the_decorator_docstring():

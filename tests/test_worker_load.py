@@ -523,6 +523,25 @@ BROKEN_APP = """
 
 
 @pytest.mark.worker
+@pytest.mark.parametrize(
+    "port", [5432, 1], ids=["database-without-orders-table", "no-database-server"]
+)
+def test_sample_app_indexes_with_the_example_settings_whatever_the_database(
+    worker_python: Path, tmp_path: Path, port: int
+) -> None:
+    """local.settings.example.json as it is: its database has no `orders` table (or, on
+    port 1, no server at all). Indexing does no I/O, so the app's function is indexed and loads;
+    the missing table is the business of the poller's runs."""
+    values = dict(json.loads(LOCAL_SETTINGS.read_text())["Values"])
+    values["ORDERS_DB_URL"] = values["ORDERS_DB_URL"].replace(":5432/", f":{port}/")
+    report = run_driver(worker_python, _app_dir(tmp_path), worker_env(**values))
+    assert report["init"]["status"] == "Success", report["init"]["exception"]
+    (function,) = report["metadata"]["functions"]
+    assert function["name"] == "poll_orders"
+    assert report["load"][function["name"]]["status"] == "Success"
+
+
+@pytest.mark.worker
 def test_the_harness_sees_a_function_load_error(worker_python: Path, tmp_path: Path) -> None:
     """A parameter no binding declares is a FunctionLoadError in the worker's indexing: the
     driver must report it (so a pass of the sample app above means it had none)."""

@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import re
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
 import azure.functions as func
@@ -21,10 +18,6 @@ from azure_functions_db.core.handler import check_handler
 from azure_functions_db.core.logs import log_event
 from azure_functions_db.errors import (
     ConfigurationError,
-    SettingNotFoundError,
-    SourceDefinitionError,
-    SourceError,
-    UnresolvedSettingError,
 )
 from azure_functions_db.functions.retry import FunctionsRetry
 from azure_functions_db.poller import PollerDefinition, validate_schedule
@@ -33,20 +26,6 @@ from azure_functions_db.ports import Source, StateStore
 logger = logging.getLogger(__name__)
 
 H = TypeVar("H", bound=Handler)
-
-# Off while `afdb validate` loads an app: it opens every source itself and reports each poller's
-# problems, instead of the first missing table stopping the import.
-_CHECK_SOURCES: ContextVar[bool] = ContextVar("afdb_check_sources", default=True)
-
-
-@contextmanager
-def deferred_source_checks() -> Iterator[None]:
-    """Within this block ``@db.poller`` does not open its source (``check_source`` is skipped)."""
-    token = _CHECK_SOURCES.set(False)
-    try:
-        yield
-    finally:
-        _CHECK_SOURCES.reset(token)
 
 
 def function_name_for(poller: str) -> str:
@@ -84,7 +63,6 @@ class PollerBlueprint(func.Blueprint):
         run_on_startup: bool = False,
         use_monitor: bool | None = None,
         retry: FunctionsRetry | None = None,
-        check_source: bool = True,
         hold_warning: float = 300.0,
     ) -> Callable[[H], H]:
         """Poll ``source`` on ``schedule`` and call the decorated handler with each batch.
@@ -117,12 +95,16 @@ class PollerBlueprint(func.Blueprint):
             hold_warning: Seconds an open transaction may hold rows back behind the horizon
                 before each run logs ``action=horizon_held`` as a WARNING (INFO before). The
                 run's status is ``held_by_horizon`` either way.
-            check_source: Check at decoration time that the table and columns exist when the
-                database is reachable (skipped when a ``%SETTING%`` is not defined yet).
+
+        Decorating only records and validates the configuration: it does no I/O (no database,
+        no storage, no network), so importing ``function_app.py`` under a Functions host can
+        never fail or slow down because a database is missing or unreachable. A missing table
+        or column is reported by that poller's runs, by ``afdb validate`` and when ``afdb run``
+        starts.
 
         Raises:
-            ConfigurationError: a bad schedule, batch size, name or a duplicate poller name;
-                ``SourceDefinitionError`` when the table or a column is missing.
+            ConfigurationError: a bad schedule, batch size, name, handler or a duplicate poller
+                name.
         """
         config = PollerConfig(
             name=name,
@@ -154,8 +136,6 @@ class PollerBlueprint(func.Blueprint):
                 '`afdb.SqlSource(url="%ORDERS_DB_URL%", table="orders", cursor="updated_at", '
                 'pk="id")`.'
             )
-        if check_source and _CHECK_SOURCES.get():
-            _check_source_now(source, name)
 
         def decorate(handler: H) -> H:
             check_handler(handler, name)
@@ -188,24 +168,6 @@ class PollerBlueprint(func.Blueprint):
             return handler
 
         return decorate
-
-
-def _check_source_now(source: Source, poller: str) -> None:
-    """Fail fast on a missing table or column, when the database can be reached now."""
-    try:
-        source.open(dict(os.environ))
-    except (SettingNotFoundError, UnresolvedSettingError) as exc:
-        log_event(
-            logger, logging.DEBUG, "source_check_deferred", poller=poller, setting=exc.setting
-        )
-        return
-    except SourceDefinitionError:
-        raise
-    except SourceError as exc:
-        log_event(logger, logging.DEBUG, "source_check_deferred", poller=poller, error=str(exc))
-        return
-    finally:
-        source.close()
 
 
 def _timer_function(definition: PollerDefinition, fname: str) -> Callable[[func.TimerRequest], Any]:
