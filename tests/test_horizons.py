@@ -471,7 +471,7 @@ def test_mysql_auto_falls_back_to_lag_once_loudly_without_process(
 # --------------------------------------------------------------------------------------------
 
 
-def test_sqlite_auto_uses_lag_quietly(
+def test_sqlite_auto_uses_its_clock_quietly(
     tmp_path: Any, opened: list[SqlSource], caplog: pytest.LogCaptureFixture
 ) -> None:
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
@@ -479,12 +479,12 @@ def test_sqlite_auto_uses_lag_quietly(
     with engine.begin() as conn:
         conn.exec_driver_sql("CREATE TABLE t (id integer PRIMARY KEY, updated_at datetime)")
     engine.dispose()
-    quiet, lagged = AutoHorizon(), AutoHorizon()
+    plain, lagged = AutoHorizon(), AutoHorizon()
     with caplog.at_level(logging.WARNING):
-        assert open_source(opened, url, "t", "updated_at", horizon=quiet).horizon().bound is None
+        assert open_source(opened, url, "t", "updated_at", horizon=plain).horizon().bound
         open_source(opened, url, "t", "updated_at", horizon=lagged, lag=10)
     assert not _fallbacks(caplog)
-    assert (quiet.name, lagged.name) == ("none", "lag")
+    assert (plain.name, lagged.name) == ("sqlite_clock", "sqlite_clock")
 
 
 def test_mssql_rowversion_statement_compiles() -> None:

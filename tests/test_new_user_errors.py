@@ -23,7 +23,7 @@ import pytest
 import sqlalchemy as sa
 
 import azure_functions_db as afdb
-from azure_functions_db.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, main
+from azure_functions_db.cli import EXIT_FAILED, EXIT_INTERRUPTED, main
 from azure_functions_db.core.checkpoint import PollerKey
 from azure_functions_db.core.engine import PollerConfig
 from azure_functions_db.errors import (
@@ -288,8 +288,9 @@ def test_time_budget_is_a_positive_number():
         PollerConfig(name="orders", time_budget=0)
 
 
-def test_configuration_errors_exit_with_usage(app, capsys, monkeypatch):
+def test_a_bad_url_fails_the_run_naming_the_fix(app, capsys, monkeypatch):
+    # Importing the app opens nothing (issue 11): the poller's run reports the URL.
     monkeypatch.setenv("NU_DB", "mysql://root@127.0.0.1/test")
     monkeypatch.setitem(sys.modules, "MySQLdb", None)
-    assert main(["run", str(app), "--once"]) == EXIT_USAGE
-    assert "mysql+pymysql://" in capsys.readouterr().err
+    assert main(["run", str(app), "--once"]) == EXIT_FAILED
+    assert "mysql+pymysql://" in capsys.readouterr().out

@@ -493,7 +493,7 @@ def test_lag_horizon_excludes_recent_rows(tmp_path, opened):
     rows = [{"id": i, "updated_at": T0 + dt.timedelta(seconds=i), "status": "x"} for i in range(10)]
     clock = FakeClock(now)
     url = orders(tmp_path / "db", rows)
-    source = open_source(opened, url, "orders", "updated_at", lag=5, clock=clock)
+    source = open_source(opened, url, "orders", "updated_at", lag=5, clock=clock, horizon="lag")
     horizon = source.horizon()
     assert horizon == Horizon(bound=dt.datetime(2026, 1, 1, 12, 0, 5), method="lag")
     assert [r.position.pk[0] for r in drain(source, 3, horizon)] == [0, 1, 2, 3, 4]
@@ -518,10 +518,13 @@ def test_lag_horizon_uses_the_cursor_timezone_for_naive_columns(tmp_path, opened
     assert paris.horizon().bound == dt.datetime(2026, 7, 1, 13, 59)  # CEST is UTC+2
 
 
-def test_no_lag_means_no_horizon(tmp_path, opened):
-    source = open_source(opened, orders(tmp_path / "db", []), "orders", "updated_at")
+def test_horizon_none_means_no_bound_and_auto_is_sqlites_clock(tmp_path, opened):
+    url = orders(tmp_path / "db", [])
+    source = open_source(opened, url, "orders", "updated_at", horizon="none")
     assert source.horizon() == Horizon(bound=None, method="none")
     assert source.latest(NO_HORIZON) is None
+    auto = open_source(opened, url, "orders", "updated_at")
+    assert auto.horizon().method == "sqlite_clock"
 
 
 def test_lag_on_an_integer_cursor_is_rejected_at_open(tmp_path):

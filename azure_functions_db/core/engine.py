@@ -332,9 +332,11 @@ class Engine:
             # logged: CancelledError too, and a Ctrl-C or sys.exit() before it ends the process.
             failed = cp.failed(fence=batch.fence, error=f"{type(exc).__name__}: {exc}")
             self._record_failure(failed, etag, keeper)
+            interrupted = isinstance(exc, KeyboardInterrupt | SystemExit)
             self._log(
-                logging.ERROR,
-                "handler_failed",
+                # Ctrl-C or sys.exit(): counted and logged, but not an error of the handler's
+                logging.INFO if interrupted else logging.ERROR,
+                "handler_interrupted" if interrupted else "handler_failed",
                 fence=batch.fence,
                 rows=len(batch),
                 attempt=failed.attempts,
@@ -342,7 +344,7 @@ class Engine:
                 error=type(exc).__name__,
             )
             self.observer.handler_failed(batch, failed.attempts)
-            if isinstance(exc, KeyboardInterrupt | SystemExit):
+            if interrupted:
                 raise
             if failed.attempts >= cfg.max_attempts:
                 # The alert: same batch, max_attempts failures. Nothing is skipped; an

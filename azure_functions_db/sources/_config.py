@@ -399,8 +399,11 @@ _FAMILIES = {
     "decimal": "number",
     "float": "number",
     "bool": "number",
-    "datetime": "naive date-time",
-    "datetime_tz": "date-time with a time zone",
+    # Naive and zoned date-times bind against each other's columns: the database converts
+    # them (some drivers return a zoned column naive), so a timestamp -> timestamptz change
+    # continues; only a change of family (text, number) is refused.
+    "datetime": "date-time",
+    "datetime_tz": "date-time",
     "date": "date",
     "time": "time",
     "str": "text",
@@ -414,7 +417,7 @@ _VALUE_FAMILIES: tuple[tuple[type, str], ...] = (
     (int, "number"),
     (float, "number"),
     (Decimal, "number"),
-    (dt.datetime, "date-time"),  # refined below: naive or with a time zone
+    (dt.datetime, "date-time"),
     (dt.date, "date"),
     (dt.time, "time"),
     (str, "text"),
@@ -426,9 +429,6 @@ _VALUE_FAMILIES: tuple[tuple[type, str], ...] = (
 def _value_family(value: object) -> str | None:
     for python_type, family in _VALUE_FAMILIES:
         if isinstance(value, python_type):
-            if isinstance(value, dt.datetime):
-                zoned = value.utcoffset() is not None
-                return "date-time with a time zone" if zoned else "naive date-time"
             return family
     return None
 
