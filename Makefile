@@ -10,8 +10,10 @@ STAMP  := $(VENV)/.installed
 # and package-lock.json; the Blob/Table tests start it from there (tests/azurite.py).
 AZURITE_DIR   := tools/azurite
 AZURITE_STAMP := $(AZURITE_DIR)/node_modules/.installed
+# Debian packages the tests need (tools/debian-packages.sh says why each).
+DEBIAN_PACKAGES := faketime unixodbc odbc-postgresql odbc-mariadb libpostgresql-jdbc-java
 
-.PHONY: help demo test lint format bench azurite wheel clean
+.PHONY: help demo test lint format bench azurite wheel debian-packages clean
 
 help: ## Show the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -31,7 +33,10 @@ $(AZURITE_STAMP): $(AZURITE_DIR)/package.json $(AZURITE_DIR)/package-lock.json
 
 azurite: $(AZURITE_STAMP) ## Install the pinned Azurite (npm) that the Blob/Table tests start
 
-test: $(STAMP) $(AZURITE_STAMP) ## Run the whole test suite (Blob/Table tests against Azurite)
+debian-packages: ## Install the Debian packages the tests need (as root; else prints the command)
+	@bash tools/debian-packages.sh $(DEBIAN_PACKAGES)
+
+test: debian-packages $(STAMP) $(AZURITE_STAMP) ## Run the whole test suite (Blob/Table tests against Azurite)
 	$(BIN)/python -m pytest
 
 lint: $(STAMP) ## ruff (lint + format check) and mypy --strict
