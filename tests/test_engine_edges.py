@@ -171,3 +171,76 @@ def test_backfill_record_names_cannot_collide():
     """`orders.r1` run `0` and `orders` run `r1` chunk 0 were both `orders.r1.0`."""
     assert run_key("backfill", "orders.r1", "0") != chunk_key("backfill", "orders", "r1", 0)
     assert run_key("backfill", "orders", "r1.0") != chunk_key("backfill", "orders", "r1", 0)
+
+
+# -- one event loop for async handlers (issue 11, item 4) ----------------------------------
+
+
+class SharedClient:
+    """A client made on first use and bound to the loop it was made on, as aiohttp sessions,
+    asyncpg pools and the Azure SDK's aio clients are."""
+
+    instances: int = 0
+
+    def __init__(self) -> None:
+        SharedClient.instances += 1
+        self.lock = asyncio.Lock()
+        self.queue: asyncio.Queue[int] = asyncio.Queue()
+        self.loop = asyncio.get_running_loop()
+
+    async def send(self, ids: list[int]) -> None:
+        assert asyncio.get_running_loop() is self.loop, "bound to a different event loop"
+        async with self.lock:  # a Lock raises when used from another loop than its first
+            for i in ids:
+                await self.queue.put(i)
+            await asyncio.sleep(0)
+
+
+def test_an_async_handler_keeps_one_loop_across_batches_and_runs(orders):
+    client: list[SharedClient] = []
+    sent: list[int] = []
+
+    async def handler(batch: Batch) -> None:
+        if not client:
+            client.append(SharedClient())
+        await client[0].send([c.pk for c in batch])
+        while not client[0].queue.empty():
+            sent.append(client[0].queue.get_nowait())
+
+    store = MemoryStateStore(FakeClock())
+    first = make(orders, handler, store).run({})  # two batches of 3
+    orders.insert(range(7, 12))
+    second = make(orders, handler, store).run({})  # a later run, a new engine: same loop
+    assert (first.batches, second.batches) == (2, 2)
+    assert sent == list(range(1, 12))
+    assert len(client) == 1
+
+
+def test_handlers_of_pollers_in_two_threads_share_the_loop_safely(orders, tmp_path):
+    import threading
+
+    loops: set[int] = set()
+
+    async def handler(batch: Batch) -> None:
+        loops.add(id(asyncio.get_running_loop()))
+        await asyncio.sleep(0.01)
+
+    other = Orders(tmp_path / "other.db")
+    other.insert(range(1, 10))
+    engines = [make(orders, handler), make(other, handler)]
+    errors: list[BaseException] = []
+
+    def run(engine: Engine) -> None:
+        try:
+            engine.run({})
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(e,)) for e in engines]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    other.close()
+    assert errors == []
+    assert len(loops) == 1

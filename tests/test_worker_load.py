@@ -510,6 +510,58 @@ def test_a_failing_handler_fails_the_invocation_in_the_real_worker(
     assert checkpoint.stats.rows == 0
 
 
+ASYNC_APP = """
+    import asyncio
+
+    import azure.functions as func
+
+    import azure_functions_db as afdb
+
+    db = afdb.PollerBlueprint()
+    CLIENT = {}  # made on first use, bound to the loop it was made on (as aio clients are)
+
+
+    @db.poller(
+        name="orders-async",
+        schedule="*/30 * * * * *",
+        batch_size=2,
+        source=afdb.SqlSource(url="%ORDERS_DB_URL%", table="orders", cursor="updated_at", pk="id"),
+    )
+    async def on_orders(batch: afdb.Batch) -> None:
+        if not CLIENT:
+            CLIENT["lock"] = asyncio.Lock()
+            CLIENT["loop"] = asyncio.get_running_loop()
+        if asyncio.get_running_loop() is not CLIENT["loop"]:
+            raise RuntimeError("the shared client is bound to a different event loop")
+        async with CLIENT["lock"]:
+            await asyncio.sleep(0)
+
+
+    app = func.FunctionApp()
+    app.register_functions(db)
+"""
+
+
+@pytest.mark.worker
+@pytest.mark.postgres
+def test_an_async_handler_keeps_its_loop_bound_client_in_the_real_worker(
+    worker_python: Path, orders_db: OrdersDb, storage: str, tmp_path: Path
+) -> None:
+    """Several batches in one invocation, and a second invocation, on the one handler loop."""
+    app = _app_dir(tmp_path, ASYNC_APP)
+    env = worker_env(AzureWebJobsStorage=storage, ORDERS_DB_URL=orders_db.url)
+    report = run_driver(worker_python, app, env, "--invoke", "poll_orders_async", "--times", "2")
+
+    assert report["init"]["status"] == "Success", report["init"]["exception"]
+    first, second = report["invocations"]
+    assert first["status"] == "Success", first.get("exception")
+    assert len(events(first, "batch_committed")) == 3  # 2 + 2 + 1 rows
+    assert not events(first, "handler_failed")
+    assert second["status"] == "Success", second.get("exception")
+    checkpoint = _checkpoint_blob(storage, "orders-async")
+    assert checkpoint.stats.rows == 5
+
+
 BROKEN_APP = """
     import azure.functions as func
 

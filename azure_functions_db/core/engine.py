@@ -8,7 +8,6 @@ or on another instance) delivers it again: at-least-once, never a silent skip.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import logging
 import random
@@ -24,7 +23,7 @@ from azure_functions_db.core.checkpoint import (
 )
 from azure_functions_db.core.clock import Clock
 from azure_functions_db.core.config import PollerConfig as PollerConfig  # noqa: PLC0414 - re-export
-from azure_functions_db.core.handler import await_all, check_handler, check_result
+from azure_functions_db.core.handler import HANDLER_LOOP, check_handler, check_result
 from azure_functions_db.core.lease import LeaseKeeper
 from azure_functions_db.core.logs import log_event
 from azure_functions_db.core.observe import RunObserver, guarded
@@ -324,7 +323,7 @@ class Engine:
         try:
             result = self.handler(batch)
             if inspect.isawaitable(result):
-                check_result(asyncio.run(await_all(result)), self.handler, awaited=True)
+                check_result(HANDLER_LOOP.run(result), self.handler, awaited=True)
             else:
                 check_result(result, self.handler, awaited=False)
         except BaseException as exc:

@@ -10,7 +10,11 @@ not ``None``. A refused result is a failed attempt of the batch, never an acknow
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
+import os
+import threading
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -102,25 +106,83 @@ def check_result(result: object, handler: object, *, awaited: bool) -> None:
     )
 
 
-async def await_all(awaitable: Awaitable[T]) -> T:
-    """Await the handler, then every task it started and left running.
+class HandlerLoop:
+    """The event loop ``async def`` handlers run on: one per process, for its whole life.
 
-    ``asyncio.run`` cancels tasks still pending when the handler returns: work the handler
-    started with ``asyncio.create_task`` and did not await would be cancelled, and the batch
-    acknowledged anyway. They are awaited here, before the commit; one that fails fails the
-    batch.
+    A handler that keeps a client made on first use (an aiohttp session, an asyncpg pool, an
+    Azure SDK aio client) needs every batch to run on the loop that client is bound to; a new
+    loop per batch would make it fail from the second batch on ("bound to a different event
+    loop"), a failure the framework caused. The loop runs in a daemon thread, so pollers
+    running in several threads (a Functions host invoking two timers at once, ``afdb run``)
+    share it; a forked process (Spark's Python workers) starts its own.
     """
-    before = asyncio.all_tasks()
-    result = await awaitable
-    current = asyncio.current_task()
-    while pending := asyncio.all_tasks() - before - {current}:
-        outcomes = await asyncio.gather(*pending, return_exceptions=True)
-        before |= pending
-        failures = [o for o in outcomes if isinstance(o, BaseException)]
-        if failures:
-            raise HandlerContractError(
-                f"{len(failures)} task(s) the handler started and left running failed "
-                f"(first: {type(failures[0]).__name__}: {failures[0]}); the batch is not "
-                "acknowledged. Await the tasks you start inside the handler."
-            ) from failures[0]
-    return result
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pid = 0
+        # The batch each task was created for: tasks a handler leaves running are its own.
+        self._creators: weakref.WeakKeyDictionary[asyncio.Task[Any], object] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def run(self, awaitable: Awaitable[T]) -> T:
+        """Run the handler's ``awaitable`` on the loop and wait for it and its tasks."""
+        future = asyncio.run_coroutine_threadsafe(self._await_all(awaitable), self._running())
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()  # e.g. Ctrl-C while waiting: stop the handler too
+            raise
+
+    def _running(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None or self._pid != os.getpid() or self._loop.is_closed():
+                loop = asyncio.new_event_loop()
+                loop.set_task_factory(self._task_factory)
+                thread = threading.Thread(
+                    target=loop.run_forever, name="afdb-handler-loop", daemon=True
+                )
+                thread.start()
+                self._loop, self._pid = loop, os.getpid()
+            return self._loop
+
+    def _task_factory(
+        self, loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any
+    ) -> asyncio.Task[Any]:
+        task: asyncio.Task[Any] = asyncio.Task(coro, loop=loop, **kwargs)
+        creator = _BATCH.get()
+        if creator is not None:
+            self._creators[task] = creator
+        return task
+
+    async def _await_all(self, awaitable: Awaitable[T]) -> T:
+        """Await the handler, then every task it started and left running.
+
+        Work the handler started with ``asyncio.create_task`` and did not await would otherwise
+        run on after the batch was acknowledged, or be lost with the process. Such tasks are
+        awaited here, before the commit; one that fails fails the batch.
+        """
+        token = object()
+        _BATCH.set(token)
+        result = await awaitable
+        while pending := [
+            task for task, creator in list(self._creators.items()) if creator is token
+        ]:
+            outcomes = await asyncio.gather(*pending, return_exceptions=True)
+            for task in pending:
+                self._creators.pop(task, None)
+            failures = [o for o in outcomes if isinstance(o, BaseException)]
+            if failures:
+                raise HandlerContractError(
+                    f"{len(failures)} task(s) the handler started and left running failed "
+                    f"(first: {type(failures[0]).__name__}: {failures[0]}); the batch is not "
+                    "acknowledged. Await the tasks you start inside the handler."
+                ) from failures[0]
+        return result
+
+
+_BATCH: contextvars.ContextVar[object | None] = contextvars.ContextVar("afdb_batch", default=None)
+
+#: The process's handler loop (see :class:`HandlerLoop`).
+HANDLER_LOOP = HandlerLoop()
