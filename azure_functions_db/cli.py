@@ -250,6 +250,8 @@ def _status(args: argparse.Namespace, console: Console) -> int:
             lease = (
                 s.lease_state if s.lease_holder is None else f"{s.lease_state} by {s.lease_holder}"
             )
+            if s.lease_process:  # "held by X (pid 4242, alive)"; "free (pid 4242, dead)"
+                lease += f" ({s.lease_process})"
             table.add_row(
                 s.poller,
                 s.namespace,

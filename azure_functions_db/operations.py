@@ -45,6 +45,7 @@ class PollerStatus:
     rows: int
     error: str | None = None
     detail: str | None = None  # a backfill run: its phase, chunks and handoff bound
+    lease_process: str | None = None  # the local store: "pid 4242, alive" / "..., dead"
     held_by: str | None = None  # an open transaction holding rows back behind the horizon
     held_seconds: float | None = None
 
@@ -61,6 +62,7 @@ class PollerStatus:
                 "state": self.lease_state,
                 "holder": self.lease_holder,
                 "fence": self.lease_fence,
+                "process": self.lease_process,
             },
             "committed_at": self.committed_at.isoformat() if self.committed_at else None,
             "attempts": self.attempts,
@@ -86,6 +88,7 @@ def poller_status(definition: PollerDefinition, settings: Mapping[str, str]) -> 
         "store": store.describe(),
         "lease_state": lease.state,
         "lease_holder": lease.holder,
+        "lease_process": lease.process,
         "lease_fence": lease.fence,
     }
     try:

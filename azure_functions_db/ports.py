@@ -58,6 +58,9 @@ class LeaseInfo:
     holder: str | None
     fence: int
     expires_at: dt.datetime | None = None
+    #: The holder's process where the store can see it (the local store: ``pid 4242, alive``;
+    #: ``pid 4242, dead`` on a lease freed because its process died); ``None`` otherwise.
+    process: str | None = None
 
 
 @runtime_checkable

@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import json
 import multiprocessing
+import os
 import random
 import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from multiprocessing.synchronize import Event
@@ -152,9 +157,9 @@ def test_processes_doing_cas_increments_lose_no_update(tmp_path: Path) -> None:
     assert stored.checkpoint.stats.batches == increments * len(workers)
 
 
-def test_lease_of_a_killed_holder_is_free_after_expiry_not_before_and_fence_goes_up(
-    tmp_path: Path,
-) -> None:
+def test_lease_of_a_killed_holder_is_free_at_once_and_the_fence_goes_up(tmp_path: Path) -> None:
+    """The holder's process is gone (SIGKILL): its lease, still live by the clock, is free at
+    once on this machine, the fence still rises, and status names the dead process."""
     root = str(tmp_path / "state")
     ready = SPAWN.Event()
     holder = SPAWN.Process(target=_doomed_holder, args=(root, 3.0, ready))
@@ -166,20 +171,12 @@ def test_lease_of_a_killed_holder_is_free_after_expiry_not_before_and_fence_goes
 
     store = LocalStateStore(root)
     info = store.inspect(KEY)
-    assert (info.state, info.holder, info.fence) == ("held", "doomed", 1)
-    assert info.expires_at is not None
-    assert store.acquire(KEY, "parent", 30) is None
-
-    out = tmp_path / "taker.out"
-    taker = SPAWN.Process(target=_taker, args=(root, str(out)))
-    taker.start()
-    _run_all([taker], timeout=60)
-    fence, got_at, refused_at = out.read_text(encoding="utf-8").split()
-    assert int(fence) == 2
-    assert dt.datetime.fromisoformat(got_at) >= info.expires_at
-    assert refused_at != "-", "the taker should have been refused while the lease was live"
-    assert dt.datetime.fromisoformat(refused_at) < info.expires_at
-    assert store.inspect(KEY).holder == "taker"
+    assert (info.state, info.holder, info.fence) == ("free", None, 1)
+    assert info.process == f"pid {holder.pid}, dead"
+    grant = store.acquire(KEY, "parent", 30)
+    assert grant is not None
+    assert grant.fence == 2
+    assert store.inspect(KEY).process == f"pid {os.getpid()}, alive"
 
 
 def test_flock_of_a_process_killed_mid_write_is_dropped_by_the_kernel(tmp_path: Path) -> None:
@@ -199,3 +196,83 @@ def test_flock_of_a_process_killed_mid_write_is_dropped_by_the_kernel(tmp_path: 
     blocked.join(30)
     assert not blocked.is_alive()
     assert store.inspect(KEY).holder == "parent"
+
+
+# -- a dead owner's lease is free at once (issue 11, item 3) ----------------------------------
+
+DEAD_OWNER_APP = textwrap.dedent(
+    """
+    import os
+    import time
+    from pathlib import Path
+    import azure_functions_db as afdb
+
+    db = afdb.PollerBlueprint()
+
+    @db.poller(name="orders", schedule="0 0 * * * *", batch_size=100, lease_duration=60,
+               source=afdb.SqlSource(url=os.environ["DO_DB"], table="orders",
+                                     cursor="updated_at", pk="id"))
+    def on_orders(batch):
+        with open(os.environ["DO_OUT"], "a") as f:
+            f.write("".join(f"{c.pk}\\n" for c in batch))
+        if os.environ.get("DO_HANG"):
+            Path(os.environ["DO_HANG"]).touch()
+            time.sleep(600)
+    """
+)
+
+
+@pytest.mark.slow
+def test_sigkill_inside_the_handler_then_an_immediate_rerun_delivers_the_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from azure_functions_db.cli import EXIT_OK, main
+
+    from .sqlite_orders import Orders
+
+    orders = Orders(tmp_path / "orders.db")
+    orders.insert(range(1, 11))
+    orders.close()
+    app = tmp_path / "function_app.py"
+    app.write_text(DEAD_OWNER_APP)
+    out, hang = tmp_path / "delivered.txt", tmp_path / "in-handler"
+    env = {
+        **os.environ,
+        "DO_DB": orders.url,
+        "DO_OUT": str(out),
+        "DO_HANG": str(hang),
+        "AFDB_STATE_DIR": str(tmp_path / "state"),
+    }
+    command = [sys.executable, "-m", "azure_functions_db", "run", str(app), "--once"]
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not hang.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert hang.exists()
+    os.kill(proc.pid, signal.SIGKILL)  # killed inside the handler, its 60 s lease still live
+    proc.wait(30)
+    for name in ("DO_DB", "DO_OUT", "AFDB_STATE_DIR"):
+        monkeypatch.setenv(name, env[name])
+    monkeypatch.delenv("DO_HANG", raising=False)
+    capsys.readouterr()
+    assert main(["status", str(app), "--json"]) == EXIT_OK
+    (doc,) = json.loads(capsys.readouterr().out)
+    assert doc["lease"]["process"] == f"pid {proc.pid}, dead"
+    assert doc["lease"]["state"] == "free"
+    assert main(["run", str(app), "--once"]) == EXIT_OK
+    printed = capsys.readouterr().out
+    assert "orders: caught_up, 1 batch(es), 10 row(s)" in printed, printed
+    # The batch the killed process was handling was delivered twice: never lost.
+    assert sorted(int(x) for x in out.read_text().split()) == sorted([*range(1, 11)] * 2)
+
+
+def test_a_live_owner_still_holds_its_lease(tmp_path: Path) -> None:
+    """Only a dead process frees its lease early: a live one (this process) holds it."""
+    store = LocalStateStore(tmp_path)
+    key = PollerKey("live", "orders")
+    assert store.acquire(key, "me", 30) is not None
+    assert LocalStateStore(tmp_path).acquire(key, "other", 30) is None
+    info = LocalStateStore(tmp_path).inspect(key)
+    assert info.state == "held"
+    assert info.holder == "me"
+    assert info.process == f"pid {os.getpid()}, alive"

@@ -83,6 +83,10 @@ class TestLocalStateStore(StateStoreContract):
             "fence": 1,
             "clock": "monotonic",
             "boot_id": boot_id,
+            "pid": os.getpid(),  # the owner's process and its start time: a dead owner frees it
+            "pid_start": int(
+                Path(f"/proc/{os.getpid()}/stat").read_text().rpartition(")")[2].split()[19]
+            ),
         }
         # Shown as wall-clock time all the same.
         assert store.inspect(key).expires_at == clock.now() + dt.timedelta(seconds=30)

@@ -31,7 +31,7 @@ import json
 import os
 import re
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
@@ -196,7 +196,9 @@ class LocalStateStore:
 
     def inspect(self, key: PollerKey) -> LeaseInfo:
         """See :meth:`azure_functions_db.ports.LeaseManager.inspect`."""
-        info = _common.info(_read_lease(self.lease_path(key)), key, self._lease_now())
+        path = self.lease_path(key)
+        info = _common.info(_read_lease(path), key, self._lease_now())
+        info = dataclasses.replace(info, process=_process(path, info.holder))
         if info.expires_at is None or _boot_id() is None:
             return info
         # Shown as wall-clock time: the monotonic expiry, as far from now as it is.
@@ -302,8 +304,46 @@ def _encode_lease(record: _common.LeaseRecord) -> bytes:
         # `monotonic`: expires_at is seconds on this boot's monotonic clock (see _lease_now).
         "clock": "wall" if _boot_id() is None else "monotonic",
         "boot_id": _boot_id(),
+        # The owning process, so a lease whose process died is free at once (see _owner_alive).
+        "pid": os.getpid(),
+        "pid_start": _process_start(os.getpid()),
     }
     return json.dumps(doc, sort_keys=True).encode("utf-8")
+
+
+def _process(path: Path, holder: str | None) -> str | None:
+    """The lease's process, ``pid 123, alive``; a lease freed because its process died still
+    names it (``pid 123, dead``), so an operator sees why it was free early."""
+    data = _read_file(path)
+    try:
+        doc = json.loads(data.decode("utf-8")) if data else {}
+    except ValueError:
+        return None
+    alive = _owner_alive(doc) if isinstance(doc, dict) else None
+    if alive is None or (holder is None and (alive or doc.get("lease_id") is None)):
+        return None
+    return f"pid {doc['pid']}, {'alive' if alive else 'dead'}"
+
+
+def _process_start(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (Linux), or ``None``."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: count after its last `)`.
+    return int(stat.rpartition(")")[2].split()[19])
+
+
+def _owner_alive(doc: Mapping[str, Any]) -> bool | None:
+    """Whether the process that wrote the lease still runs: ``None`` if this cannot be known
+    (another machine's boot, no ``/proc``, an older lease file)."""
+    pid, start = doc.get("pid"), doc.get("pid_start")
+    if not isinstance(pid, int) or not isinstance(start, int) or _boot_id() is None:
+        return None
+    if doc.get("boot_id") != _boot_id():
+        return None
+    return _process_start(pid) == start  # a dead pid, or one reused by another process
 
 
 def _read_lease(path: Path) -> _common.LeaseRecord:
@@ -333,6 +373,8 @@ def _read_lease(path: Path) -> _common.LeaseRecord:
         ):
             # Written on another boot (its owner is gone) or on another clock: expired.
             expires_at = None
+        if expires_at is not None and _owner_alive(doc) is False:
+            expires_at = None  # its process was killed: free now, not when the lease expires
     except (ValueError, TypeError, KeyError, OverflowError, OSError) as exc:
         raise StateStoreError(
             f"Lease file `{path}` is corrupt ({exc!r}). Stop every instance of this poller, "
