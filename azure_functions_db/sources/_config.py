@@ -12,10 +12,8 @@ import hashlib
 import math
 import re
 import urllib.parse
-import uuid
 import zoneinfo
 from collections.abc import Mapping, Sequence
-from decimal import Decimal
 from typing import Any
 
 import sqlalchemy as sa
@@ -31,7 +29,7 @@ from azure_functions_db.errors import (
     SourceDefinitionError,
 )
 from azure_functions_db.sources._keyset import RESERVED_PREFIX, KeysetQuery, text_filter
-from azure_functions_db.sources._values import column_kind
+from azure_functions_db.sources._values import column_kind, python_kind
 
 PLACEHOLDER = re.compile(r"%([A-Za-z_][A-Za-z0-9_]*)%")
 _LISTED_TABLES = 10
@@ -412,27 +410,6 @@ _FAMILIES = {
 }
 
 
-_VALUE_FAMILIES: tuple[tuple[type, str], ...] = (
-    (bool, "number"),
-    (int, "number"),
-    (float, "number"),
-    (Decimal, "number"),
-    (dt.datetime, "date-time"),
-    (dt.date, "date"),
-    (dt.time, "time"),
-    (str, "text"),
-    (uuid.UUID, "uuid"),
-    (bytes, "bytes"),
-)
-
-
-def _value_family(value: object) -> str | None:
-    for python_type, family in _VALUE_FAMILIES:
-        if isinstance(value, python_type):
-            return family
-    return None
-
-
 def check_position_types(
     position: Position, columns: Sequence[sa.Column[Any]], qualified: str
 ) -> None:
@@ -445,7 +422,8 @@ def check_position_types(
     for value, column in zip(position.key, columns, strict=False):
         kind = column_kind(column)
         expected = None if kind is None else _FAMILIES[kind]
-        found = _value_family(value)
+        value_kind = python_kind(type(value))
+        found = None if value_kind is None else _FAMILIES[value_kind]
         if expected is None or found is None or expected == found:
             continue
         if {expected, found} <= {"text", "uuid"}:

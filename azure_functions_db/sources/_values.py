@@ -62,22 +62,30 @@ def column_kind(column: sa.Column[Any]) -> Kind | None:
         python_type = type_.python_type
     except NotImplementedError:
         return None
-    # Subclasses first: bool is an int, datetime is a date.
-    for candidate, kind in (
-        (bool, "bool"),
-        (int, "int"),
-        (Decimal, "decimal"),
-        (float, "float"),
-        (dt.datetime, "datetime"),
-        (dt.date, "date"),
-        (dt.time, "time"),
-        (str, "str"),
-        (uuid.UUID, "uuid"),
-        (bytes, "bytes"),
-    ):
+    return python_kind(python_type)
+
+
+def python_kind(python_type: type) -> Kind | None:
+    """The kind of a Python type (``bool`` before ``int``, ``datetime`` before ``date``)."""
+    for candidate, kind in _KINDS:
         if issubclass(python_type, candidate):
-            return kind  # type: ignore[return-value]
+            return kind
     return None
+
+
+# Subclasses first: bool is an int, datetime is a date.
+_KINDS: tuple[tuple[type, Kind], ...] = (
+    (bool, "bool"),
+    (int, "int"),
+    (Decimal, "decimal"),
+    (float, "float"),
+    (dt.datetime, "datetime"),
+    (dt.date, "date"),
+    (dt.time, "time"),
+    (str, "str"),
+    (uuid.UUID, "uuid"),
+    (bytes, "bytes"),
+)
 
 
 def parse_value(text: str, column: sa.Column[Any], zone: dt.tzinfo) -> KeyValue:
