@@ -266,6 +266,21 @@ def test_sigkill_inside_the_handler_then_an_immediate_rerun_delivers_the_batch(
     assert sorted(int(x) for x in out.read_text().split()) == sorted([*range(1, 11)] * 2)
 
 
+def test_a_lease_from_another_pid_namespace_is_never_freed_early(tmp_path: Path) -> None:
+    """A container on the same kernel shares the boot id but not the process ids: its owner's
+    pid means nothing here, so its lease waits for expiry, as on Azure."""
+    store = LocalStateStore(tmp_path)
+    assert store.acquire(KEY, "container-a", 30) is not None
+    path = store.lease_path(KEY)
+    doc = json.loads(path.read_text())
+    doc.update(pid=2**22 - 7, pid_ns="pid:[1]")  # a pid that does not run here, another namespace
+    path.write_text(json.dumps(doc))
+    assert LocalStateStore(tmp_path).acquire(KEY, "container-b", 30) is None
+    doc["pid_ns"] = os.readlink("/proc/self/ns/pid")  # the same pid, seen from its namespace:
+    path.write_text(json.dumps(doc))  # it does not run, so the lease is free
+    assert LocalStateStore(tmp_path).acquire(KEY, "container-b", 30) is not None
+
+
 def test_a_live_owner_still_holds_its_lease(tmp_path: Path) -> None:
     """Only a dead process frees its lease early: a live one (this process) holds it."""
     store = LocalStateStore(tmp_path)

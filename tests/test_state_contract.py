@@ -87,6 +87,7 @@ class TestLocalStateStore(StateStoreContract):
             "pid_start": int(
                 Path(f"/proc/{os.getpid()}/stat").read_text().rpartition(")")[2].split()[19]
             ),
+            "pid_ns": os.readlink("/proc/self/ns/pid"),
         }
         # Shown as wall-clock time all the same.
         assert store.inspect(key).expires_at == clock.now() + dt.timedelta(seconds=30)

@@ -307,6 +307,7 @@ def _encode_lease(record: _common.LeaseRecord) -> bytes:
         # The owning process, so a lease whose process died is free at once (see _owner_alive).
         "pid": os.getpid(),
         "pid_start": _process_start(os.getpid()),
+        "pid_ns": _pid_namespace(),
     }
     return json.dumps(doc, sort_keys=True).encode("utf-8")
 
@@ -325,6 +326,15 @@ def _process(path: Path, holder: str | None) -> str | None:
     return f"pid {doc['pid']}, {'alive' if alive else 'dead'}"
 
 
+@functools.cache
+def _pid_namespace() -> str | None:
+    """This process's pid namespace (containers on one kernel share the boot id, not pids)."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
 def _process_start(pid: int) -> int | None:
     """When process ``pid`` started, in clock ticks since boot (Linux), or ``None``."""
     try:
@@ -341,8 +351,8 @@ def _owner_alive(doc: Mapping[str, Any]) -> bool | None:
     pid, start = doc.get("pid"), doc.get("pid_start")
     if not isinstance(pid, int) or not isinstance(start, int) or _boot_id() is None:
         return None
-    if doc.get("boot_id") != _boot_id():
-        return None
+    if doc.get("boot_id") != _boot_id() or doc.get("pid_ns") != _pid_namespace():
+        return None  # another boot, or another container's process ids: cannot be seen here
     return _process_start(pid) == start  # a dead pid, or one reused by another process
 
 
