@@ -62,7 +62,6 @@ class PollerStatus:
                 "state": self.lease_state,
                 "holder": self.lease_holder,
                 "fence": self.lease_fence,
-                "process": self.lease_process,
             },
             "committed_at": self.committed_at.isoformat() if self.committed_at else None,
             "attempts": self.attempts,
@@ -72,6 +71,8 @@ class PollerStatus:
         }
         if self.detail is not None:  # backfill runs only: pollers' documents keep their keys
             doc["detail"] = self.detail
+        if self.lease_process is not None:  # the local store, when it can see the process
+            doc["lease"]["process"] = self.lease_process
         if self.held_by is not None:  # only while rows wait behind the horizon
             doc["held"] = {"by": self.held_by, "seconds": self.held_seconds}
         return doc

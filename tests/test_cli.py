@@ -103,7 +103,7 @@ def test_status_json_is_stable(app, capsys):
         1,
         0,
     )
-    assert doc["lease"] == {"state": "free", "holder": None, "fence": 1, "process": None}
+    assert doc["lease"] == {"state": "free", "holder": None, "fence": 1}
     assert doc["stats"] == {"batches": 3, "rows": 10}
     assert doc["position"] == {
         "cursor": [{"t": "datetime", "v": (T0 + dt.timedelta(seconds=3)).isoformat() + ".000000"}],
