@@ -196,9 +196,9 @@ class LocalStateStore:
 
     def inspect(self, key: PollerKey) -> LeaseInfo:
         """See :meth:`azure_functions_db.ports.LeaseManager.inspect`."""
-        path = self.lease_path(key)
-        info = _common.info(_read_lease(path), key, self._lease_now())
-        info = dataclasses.replace(info, process=_process(path, info.holder))
+        record, doc = _read_lease_doc(self.lease_path(key))
+        info = _common.info(record, key, self._lease_now())
+        info = dataclasses.replace(info, process=_process(doc, info.holder))
         if info.expires_at is None or _boot_id() is None:
             return info
         # Shown as wall-clock time: the monotonic expiry, as far from now as it is.
@@ -286,6 +286,11 @@ def _split_record(data: bytes) -> tuple[str | None, bytes]:
 _STEADY_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
 
 
+def _lease_clock() -> str:
+    """Which clock this machine's lease times are on: ``monotonic`` with a boot id, else wall."""
+    return "wall" if _boot_id() is None else "monotonic"
+
+
 @functools.cache
 def _boot_id() -> str | None:
     """The kernel's id of this boot (Linux), or ``None`` where there is none."""
@@ -302,7 +307,7 @@ def _encode_lease(record: _common.LeaseRecord) -> bytes:
         "expires_at": record.expires_at.timestamp() if record.expires_at else None,
         "fence": record.fence,
         # `monotonic`: expires_at is seconds on this boot's monotonic clock (see _lease_now).
-        "clock": "wall" if _boot_id() is None else "monotonic",
+        "clock": _lease_clock(),
         "boot_id": _boot_id(),
         # The owning process, so a lease whose process died is free at once (see _owner_alive).
         "pid": os.getpid(),
@@ -312,15 +317,10 @@ def _encode_lease(record: _common.LeaseRecord) -> bytes:
     return json.dumps(doc, sort_keys=True).encode("utf-8")
 
 
-def _process(path: Path, holder: str | None) -> str | None:
+def _process(doc: Mapping[str, Any], holder: str | None) -> str | None:
     """The lease's process, ``pid 123, alive``; a lease freed because its process died still
     names it (``pid 123, dead``), so an operator sees why it was free early."""
-    data = _read_file(path)
-    try:
-        doc = json.loads(data.decode("utf-8")) if data else {}
-    except ValueError:
-        return None
-    alive = _owner_alive(doc) if isinstance(doc, dict) else None
+    alive = _owner_alive(doc)
     if alive is None or (holder is None and (alive or doc.get("lease_id") is None)):
         return None
     return f"pid {doc['pid']}, {'alive' if alive else 'dead'}"
@@ -357,9 +357,14 @@ def _owner_alive(doc: Mapping[str, Any]) -> bool | None:
 
 
 def _read_lease(path: Path) -> _common.LeaseRecord:
+    return _read_lease_doc(path)[0]
+
+
+def _read_lease_doc(path: Path) -> tuple[_common.LeaseRecord, Mapping[str, Any]]:
+    """The lease record at ``path`` and the JSON document it was decoded from (``{}``: none)."""
     data = _read_file(path)
     if data is None:
-        return _common.LeaseRecord()
+        return _common.LeaseRecord(), {}
     try:
         doc = json.loads(data.decode("utf-8"))
         fence, lease_id, owner, expires = (
@@ -378,8 +383,7 @@ def _read_lease(path: Path) -> _common.LeaseRecord:
             raise ValueError(f"bad expires_at {expires!r}")
         expires_at = None if expires is None else dt.datetime.fromtimestamp(expires, dt.UTC)
         if expires_at is not None and (
-            doc.get("clock", "wall") != ("wall" if _boot_id() is None else "monotonic")
-            or doc.get("boot_id") != _boot_id()
+            doc.get("clock", "wall") != _lease_clock() or doc.get("boot_id") != _boot_id()
         ):
             # Written on another boot (its owner is gone) or on another clock: expired.
             expires_at = None
@@ -393,7 +397,8 @@ def _read_lease(path: Path) -> _common.LeaseRecord:
             "`afdb status`). Do not delete it: a new lease file restarts its fence at 1, below "
             "the checkpoint's, and the poller then stops with FenceBehindCheckpointError."
         ) from exc
-    return _common.LeaseRecord(fence=fence, lease_id=lease_id, owner=owner, expires_at=expires_at)
+    record = _common.LeaseRecord(fence=fence, lease_id=lease_id, owner=owner, expires_at=expires_at)
+    return record, doc
 
 
 def _read_file(path: Path) -> bytes | None:
