@@ -60,7 +60,7 @@ def describe(
                 "ties and backfill chunk ends follow it."
             )
     lead = columns[0]
-    if isinstance(lead.type, sa.DateTime) and not lead.type.timezone:
+    if zones.holds_writer_wall_clock(lead):
         found = zones.default_zone(conn)
         if found is not None:
             lines.append(

@@ -54,6 +54,15 @@ def default_zone(conn: sa.Connection) -> tuple[str, int] | None:
     return None
 
 
+def holds_writer_wall_clock(column: sa.Column[Any]) -> bool:
+    """A date-time without a zone that holds the writers' wall-clock time.
+
+    Not MySQL's ``TIMESTAMP``: it is stored as UTC and read in the poller's UTC session.
+    """
+    naive = isinstance(column.type, sa.DateTime) and not column.type.timezone
+    return naive and not isinstance(column.type, mysql.TIMESTAMP)
+
+
 def check_writer_zone(
     conn: sa.Connection,
     column: sa.Column[Any],
@@ -70,10 +79,8 @@ def check_writer_zone(
     writers stamp (they may set their sessions' zone themselves): a different database default
     is then logged as a warning, not refused.
     """
-    if not isinstance(column.type, sa.DateTime) or column.type.timezone:
+    if not holds_writer_wall_clock(column):
         return
-    if isinstance(column.type, mysql.TIMESTAMP):
-        return  # stored as UTC and read in the poller's UTC session: no writer zone in it
     found = default_zone(conn)
     if found is None:
         return
