@@ -13,7 +13,11 @@ AZURITE_STAMP := $(AZURITE_DIR)/node_modules/.installed
 # Debian packages the tests need (tools/debian-packages.sh says why each).
 DEBIAN_PACKAGES := faketime unixodbc odbc-postgresql odbc-mariadb libpostgresql-jdbc-java
 
-.PHONY: help demo test lint format bench azurite wheel debian-packages clean
+# `make soak SECONDS=1800 SEED=7`: how long the writers write, and the fault schedule's seed.
+SECONDS ?= 90
+SEED    ?= random
+
+.PHONY: help demo test soak lint format bench azurite wheel debian-packages clean
 
 help: ## Show the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -38,6 +42,9 @@ debian-packages: ## Install the Debian packages the tests need (as root; else pr
 
 test: debian-packages $(STAMP) $(AZURITE_STAMP) ## Run the whole test suite (Blob/Table tests against Azurite)
 	$(BIN)/python -m pytest
+
+soak: debian-packages $(STAMP) $(AZURITE_STAMP) ## Chaos soak on PostgreSQL + Azurite (SECONDS=90 SEED=random)
+	$(BIN)/python -m soak --seconds $(SECONDS) --seed $(SEED)
 
 lint: $(STAMP) ## ruff (lint + format check) and mypy --strict
 	$(BIN)/ruff check .

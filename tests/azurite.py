@@ -104,6 +104,8 @@ def _die_with_parent() -> Callable[[], None] | None:
 
 
 _PREEXEC = _die_with_parent()
+#: The ``preexec_fn`` for other helper processes (the soak's) that must not outlive this one.
+DIE_WITH_PARENT = _PREEXEC
 _LIVE: set[Azurite] = set()
 
 

@@ -1,0 +1,104 @@
+"""The function app the soak's pollers run: ``afdb run soak/app.py`` (no ``--once``).
+
+One poller, ``soak``, on the writers' table (cursor ``updated_at``, stamped ``now()`` at the
+start of each writer transaction, so late commits land below rows already delivered), with its
+lease and checkpoint on Azurite, a 1-second schedule and a 15-second lease (Azure's shortest).
+The handler logs the fence and time it started under, then every (id, version) of the batch, with
+fsync, before it returns; sometimes it works slowly, freezes past its lease or fails. Once the
+driver creates the drain flag it does none of that, so the drain is quick.
+
+Environment (set by ``soak.run``): ``AzureWebJobsStorage``, ``SOAK_DB_URL``, ``SOAK_TABLE``,
+``SOAK_CONTAINER``, ``SOAK_EVENTS`` (folder), ``SOAK_DRAIN`` (flag file), ``SOAK_SEED``,
+``SOAK_CONTROL`` (``1``: no late-commit horizon; the soak must then report lost rows).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import azure_functions_db as afdb
+from soak.evidence import EvidenceLog
+
+ENV = os.environ
+LEASE_SECONDS = 15.0
+EVENTS = EvidenceLog(Path(ENV["SOAK_EVENTS"]) / f"poller-{os.getpid()}.jsonl")
+DRAIN = Path(ENV["SOAK_DRAIN"])
+CONTROL = ENV.get("SOAK_CONTROL") == "1"
+# Per process: each replacement poller draws its own behaviour.
+_rng = random.Random(f"{ENV.get('SOAK_SEED', '0')}:{os.getpid()}")  # noqa: S311 - not crypto
+
+# Chances per handler call (none while draining); otherwise it works 20-100 ms, like a handler
+# that writes somewhere, so a fault often lands while a batch is in flight.
+P_FAIL, P_FREEZE, P_SLOW = 0.02, 0.01, 0.08
+WORK = (0.02, 0.1)
+
+
+class _EngineEvents(logging.Handler):
+    """The engine's structured events (lease acquired with its fence, commits, losses)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        action = getattr(record, "afdb_action", None)
+        if action is None:
+            return
+        fields = {
+            k.removeprefix("afdb_"): v
+            for k, v in vars(record).items()
+            if k.startswith("afdb_") and k != "afdb_action"
+        }
+        EVENTS.write("log", action=action, level=record.levelname, **fields)
+
+
+_library_logger = logging.getLogger("azure_functions_db")
+_library_logger.setLevel(logging.INFO)
+_library_logger.addHandler(_EngineEvents())
+
+db = afdb.PollerBlueprint()
+
+
+def _position(position: afdb.Position | None) -> list[Any] | None:
+    return None if position is None else [*position.cursor, *position.pk]
+
+
+@db.poller(
+    name="soak",
+    schedule="* * * * * *",
+    source=afdb.SqlSource(
+        url="%SOAK_DB_URL%",
+        table=ENV["SOAK_TABLE"],
+        cursor="updated_at",
+        pk="id",
+        horizon="none" if CONTROL else "auto",
+    ),
+    state=afdb.BlobStateStore(container=ENV["SOAK_CONTAINER"]),
+    batch_size=100,
+    time_budget=30,
+    lease_duration=LEASE_SECONDS,
+)
+def on_changes(batch: afdb.Batch) -> None:
+    started = EVENTS.write("start", fence=batch.fence, attempt=batch.attempt, rows=len(batch))
+    if not DRAIN.exists():
+        draw = _rng.random()
+        if draw < P_FAIL:
+            EVENTS.write("fail", fence=batch.fence)
+            raise RuntimeError("soak: injected handler failure")
+        if draw < P_FAIL + P_FREEZE:
+            EVENTS.write("freeze", fence=batch.fence, seconds=LEASE_SECONDS + 3)
+            time.sleep(LEASE_SECONDS + 3)
+        elif draw < P_FAIL + P_FREEZE + P_SLOW:
+            time.sleep(_rng.uniform(0.2, 2.5))
+        else:
+            time.sleep(_rng.uniform(*WORK))
+    EVENTS.write(
+        "deliver",
+        fence=batch.fence,
+        started=started,
+        attempt=batch.attempt,
+        before=_position(batch.position_before),
+        after=_position(batch.position_after),
+        rows=[[change.pk, change.data["version"]] for change in batch],
+    )

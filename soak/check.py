@@ -1,0 +1,338 @@
+"""The soak's checker: reads an evidence folder and judges the delivery contract.
+
+Violations (any one fails the soak):
+
+(a) ``missing``: a committed (id, version) of which neither that version nor a later version of
+    the same id was ever handed to a handler that logged it.
+(b) ``regressions``: between two monitor samples the checkpoint's position, the checkpoint's
+    fence or the lease's fence went down; or one sample saw the lease's fence below the
+    checkpoint's (the sample reads the checkpoint first, so the lease's can only be higher).
+(c) ``stale_calls``: a handler call that started under fence f after a fence above f had been
+    granted (a ``lease_acquired`` event or a monitor sample had shown it, earlier on the
+    machine's monotonic clock) or stored in the checkpoint.
+(e) ``phantoms``: a delivered (id, version) that no writer committed (rolled back, aborted, or a
+    COMMIT with an unknown outcome that the history table shows did not commit).
+``harness``: the evidence contradicts itself (a COMMIT the writer saw return is not in the history
+    table, or the drain did not finish): the run proves nothing.
+
+Reported, not judged: (d) the duplicate ratio; the longest time the checkpoint stood still while
+committed rows waited; the COMMIT-to-delivery delay (p50, p99); faults by kind.
+
+Positions are compared in Python here, which is exact for this table's own key
+(``timestamptz``, ``bigint``) and only for it: the product never orders positions in Python.
+
+``python -m soak.check FOLDER`` judges a kept evidence folder again.
+"""
+
+from __future__ import annotations
+
+import bisect
+import datetime as dt
+import itertools
+import json
+import math
+import sys
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from soak.evidence import read_all
+
+Pair = tuple[int, int]
+EXAMPLES = 10
+
+
+@dataclass
+class Report:
+    """What the checker found; ``violations`` empty means the contract held."""
+
+    control: bool = False
+    seed: int | None = None
+    seconds: float = 0.0
+    faults: dict[str, int] = field(default_factory=dict)
+    committed: int = 0
+    unknown_commits: int = 0
+    unknown_resolved_committed: int = 0
+    rolled_back: int = 0
+    handler_calls: int = 0
+    handler_failures: int = 0
+    handler_freezes: int = 0
+    delivered: int = 0
+    distinct_delivered: int = 0
+    duplicate_ratio: float = 0.0
+    missing: int = 0
+    missing_examples: list[Pair] = field(default_factory=list)
+    phantoms: int = 0
+    phantom_examples: list[Pair] = field(default_factory=list)
+    regressions: list[str] = field(default_factory=list)
+    stale_calls: int = 0
+    stale_examples: list[str] = field(default_factory=list)
+    harness: list[str] = field(default_factory=list)
+    samples: int = 0
+    sample_errors: int = 0
+    longest_standstill: float = 0.0
+    delay_p50: float | None = None
+    delay_p99: float | None = None
+    poller_exits: int = 0
+
+    @property
+    def violations(self) -> list[str]:
+        found = []
+        if self.missing:
+            found.append(f"(a) {self.missing} committed version(s) never delivered")
+        if self.regressions:
+            found.append(f"(b) {len(self.regressions)} regression(s) of checkpoint or fence")
+        if self.stale_calls:
+            found.append(f"(c) {self.stale_calls} handler call(s) under a stale fence")
+        if self.phantoms:
+            found.append(f"(e) {self.phantoms} delivered version(s) that no writer committed")
+        found.extend(f"harness: {h}" for h in self.harness)
+        return found
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "violations": self.violations}
+
+    def summary(self) -> str:
+        faults = ", ".join(f"{k} {v}" for k, v in sorted(self.faults.items())) or "none"
+
+        def secs(value: float | None) -> str:
+            return "-" if value is None else f"{value:.2f}s"
+
+        lines = [
+            f"mode               {'CONTROL (horizon off)' if self.control else 'horizon on'}",
+            f"seed / duration    {self.seed} / {self.seconds:.0f}s",
+            f"faults             {sum(self.faults.values())} ({faults})",
+            f"committed versions {self.committed} ({self.unknown_commits} unknown COMMITs, "
+            f"{self.unknown_resolved_committed} of them committed; {self.rolled_back} rolled "
+            "back)",
+            f"handler calls      {self.handler_calls} ({self.handler_failures} failed, "
+            f"{self.handler_freezes} froze past the lease)",
+            f"delivered          {self.delivered} ({self.distinct_delivered} distinct; "
+            f"duplicate ratio {self.duplicate_ratio:.3f})",
+            f"(a) missing        {self.missing} {self.missing_examples[:3] or ''}",
+            f"(b) regressions    {len(self.regressions)} {self.regressions[:2] or ''}",
+            f"(c) stale calls    {self.stale_calls} {self.stale_examples[:2] or ''}",
+            f"(e) phantoms       {self.phantoms} {self.phantom_examples[:3] or ''}",
+            f"monitor samples    {self.samples} ({self.sample_errors} failed reads)",
+            f"longest standstill {secs(self.longest_standstill)} with committed rows waiting",
+            f"commit->delivery   p50 {secs(self.delay_p50)}, p99 {secs(self.delay_p99)}",
+            f"poller exits       {self.poller_exits} (unexpected; restarted)",
+        ]
+        lines.extend(f"harness            {h}" for h in self.harness)
+        return "\n".join(lines)
+
+
+def _pairs(rows: Iterable[Sequence[int]]) -> list[Pair]:
+    return [(int(r[0]), int(r[1])) for r in rows]
+
+
+def _position(raw: Sequence[Any] | None) -> tuple[dt.datetime, int] | None:
+    if raw is None:
+        return None
+    return dt.datetime.fromisoformat(str(raw[0])), int(raw[1])
+
+
+def _percentile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def check(folder: Path) -> Report:
+    """Judge the evidence in ``folder`` (the layout ``soak.run`` writes)."""
+    meta = json.loads((folder / "meta.json").read_text())
+    report = Report(
+        control=bool(meta.get("control")),
+        seed=meta.get("seed"),
+        seconds=float(meta.get("seconds", 0)),
+        poller_exits=int(meta.get("poller_exits", 0)),
+    )
+    report.harness.extend(meta.get("harness", []))
+    faults = read_all(folder, "faults.jsonl")
+    report.faults = dict(Counter(str(f["kind"]) for f in faults if f["ev"] == "fault"))
+    history = set(_pairs(json.loads((folder / "history.json").read_text())))
+    commits = _commits(read_all(folder / "writers"), history, report)
+    handlers = _Handlers(read_all(folder / "events"), report)
+    # (a) every committed version, or a later one of its id, was delivered
+    newest = {row: max(v for _, v in seen) for row, seen in handlers.deliveries.items()}
+    missing = sorted(p for p in commits if newest.get(p[0], -1) < p[1])
+    report.missing, report.missing_examples = len(missing), missing[:EXAMPLES]
+    # (e) nothing delivered that was not committed
+    phantoms = sorted(p for p in handlers.delivered if p not in commits)
+    report.phantoms, report.phantom_examples = len(phantoms), phantoms[:EXAMPLES]
+    # (b) the monitor's samples
+    samples = read_all(folder, "samples.jsonl")
+    report.samples = len(samples)
+    report.sample_errors = sum(1 for s in samples if s.get("error"))
+    good = [s for s in samples if not s.get("error")]
+    _regressions(good, report)
+    # (c) what the monitor saw granted or stored counts as known from then on
+    for s in good:
+        handlers.grants.append((float(s["t"]), int(s["lease_fence"])))
+        if s.get("cp_fence") is not None:
+            handlers.grants.append((float(s["t"]), int(s["cp_fence"])))
+    _stale_calls(handlers, report)
+    _liveness(commits, handlers, good, set(missing), report)
+    return report
+
+
+def _commits(
+    writers: Iterable[dict[str, Any]], history: set[Pair], report: Report
+) -> dict[Pair, float]:
+    """Every committed (id, version) with the time its COMMIT returned (NaN when unknown).
+
+    The history table, written in the same transactions, is the database's own word: a COMMIT
+    with an unknown outcome committed iff its rows are there."""
+    committed: dict[Pair, float] = {}
+    not_committed: set[Pair] = set()
+    for ev in writers:
+        pairs = _pairs(ev.get("rows", []))
+        if ev["ev"] == "commit":
+            committed.update(dict.fromkeys(pairs, float(ev["t"])))
+            lost = [p for p in pairs if p not in history]
+            if lost:
+                report.harness.append(
+                    f"COMMIT returned for {lost[:3]} but the history table lacks them"
+                )
+        elif ev["ev"] == "unknown":
+            report.unknown_commits += 1
+            landed = [p for p in pairs if p in history]
+            report.unknown_resolved_committed += 1 if landed else 0
+            for pair in landed:
+                committed.setdefault(pair, float(ev["t"]))
+            not_committed.update(p for p in pairs if p not in history)
+        elif ev["ev"] in ("rollback", "aborted"):
+            report.rolled_back += len(pairs)
+            not_committed.update(pairs)
+    for pair in history - committed.keys():
+        # Committed with no writer line at all (a writer killed between COMMIT and its log).
+        committed[pair] = math.nan
+    contradicted = sorted(history & not_committed)
+    if contradicted:
+        report.harness.append(f"rolled back per the writer, yet in history: {contradicted[:3]}")
+    report.committed = len(committed)
+    return committed
+
+
+class _Handlers:
+    """What the handlers were given, and every fence grant the pollers logged."""
+
+    def __init__(self, events: Iterable[dict[str, Any]], report: Report) -> None:
+        self.deliveries: dict[int, list[tuple[float, int]]] = defaultdict(list)
+        self.delivered = Counter[Pair]()
+        self.grants: list[tuple[float, int]] = []
+        self.starts: list[dict[str, Any]] = []
+        for ev in events:
+            kind = ev["ev"]
+            if kind == "deliver":
+                for pair in _pairs(ev["rows"]):
+                    self.delivered[pair] += 1
+                    self.deliveries[pair[0]].append((float(ev["t"]), pair[1]))
+            elif kind == "start":
+                self.starts.append(ev)
+            elif kind == "fail":
+                report.handler_failures += 1
+            elif kind == "freeze":
+                report.handler_freezes += 1
+            elif kind == "log" and ev.get("action") == "lease_acquired":
+                self.grants.append((float(ev["t"]), int(ev["fence"])))
+        report.handler_calls = len(self.starts)
+        report.delivered = sum(self.delivered.values())
+        report.distinct_delivered = len(self.delivered)
+        if self.delivered:
+            report.duplicate_ratio = report.delivered / len(self.delivered) - 1
+
+
+def _stale_calls(handlers: _Handlers, report: Report) -> None:
+    """(c): a handler call that started after a higher fence was granted or stored."""
+    grants = sorted(handlers.grants)
+    times = [t for t, _ in grants]
+    highest = list(itertools.accumulate((fence for _, fence in grants), max))
+    for start in handlers.starts:
+        index = bisect.bisect_left(times, float(start["t"])) - 1
+        if index >= 0 and highest[index] > int(start["fence"]):
+            report.stale_calls += 1
+            if len(report.stale_examples) < EXAMPLES:
+                report.stale_examples.append(
+                    f"pid {start['pid']} started under fence {start['fence']} at "
+                    f"t={float(start['t']):.3f}; fence {highest[index]} was known by then"
+                )
+
+
+def _liveness(
+    commits: dict[Pair, float],
+    handlers: _Handlers,
+    samples: Sequence[dict[str, Any]],
+    missing: set[Pair],
+    report: Report,
+) -> None:
+    timed = sorted(t for t in commits.values() if not math.isnan(t))
+    report.longest_standstill = _standstill(samples, timed)
+    delays = []
+    for pair, committed_at in commits.items():
+        if math.isnan(committed_at) or pair in missing:
+            continue
+        seen = handlers.deliveries[pair[0]]
+        first = min((t for t, v in seen if v >= pair[1]), default=None)
+        if first is not None:
+            delays.append(max(0.0, first - committed_at))
+    report.delay_p50, report.delay_p99 = _percentile(delays, 0.5), _percentile(delays, 0.99)
+
+
+def _regressions(samples: Sequence[dict[str, Any]], report: Report) -> None:
+    last_position: tuple[dt.datetime, int] | None = None
+    last_cp = last_lease = 0
+    for s in samples:
+        at = f"t={float(s['t']):.3f}"
+        lease, cp = int(s["lease_fence"]), s.get("cp_fence")
+        if lease < last_lease:
+            report.regressions.append(f"lease fence {last_lease} -> {lease} at {at}")
+        last_lease = max(last_lease, lease)
+        if cp is None:
+            continue
+        cp = int(cp)
+        if cp < last_cp:
+            report.regressions.append(f"checkpoint fence {last_cp} -> {cp} at {at}")
+        if lease < cp:
+            report.regressions.append(f"lease fence {lease} below checkpoint fence {cp} at {at}")
+        last_cp = max(last_cp, cp)
+        position = _position(s.get("position"))
+        if last_position is not None and (position is None or position < last_position):
+            report.regressions.append(
+                f"checkpoint moved back {last_position} -> {position} at {at}"
+            )
+        if position is not None:
+            last_position = position if last_position is None else max(position, last_position)
+
+
+def _standstill(samples: Sequence[dict[str, Any]], commits: Sequence[float]) -> float:
+    """The longest time from a writer's COMMIT to the checkpoint's next move, over the periods
+    in which the checkpoint stood still."""
+    longest = 0.0
+    begin = 0
+    for i in range(1, len(samples) + 1):
+        if i < len(samples) and samples[i].get("position") == samples[begin].get("position"):
+            continue
+        start = float(samples[begin]["t"])
+        end = float(samples[min(i, len(samples) - 1)]["t"])  # the first sample that moved
+        first = bisect.bisect_right(commits, start)
+        if first < len(commits) and commits[first] < end:
+            longest = max(longest, end - commits[first])
+        begin = i
+    return longest
+
+
+def main(argv: Sequence[str]) -> int:
+    if len(argv) != 1:
+        sys.stderr.write("usage: python -m soak.check EVIDENCE_FOLDER\n")
+        return 2
+    report = check(Path(argv[0]))
+    sys.stdout.write(report.summary() + "\n")
+    return 1 if report.violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

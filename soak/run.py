@@ -1,0 +1,482 @@
+"""The soak's orchestrator: setup, writers, pollers, the seeded fault driver, the monitor, the
+drain and the checker (``python -m soak``; ``make soak``).
+
+The fault schedule (when, which kind, how long) is drawn from the seed alone, so a seed replays
+it; which poller a fault hits is decided when it fires (the lease holder if there is one, since
+that is where a fault does harm) and recorded in ``faults.jsonl``. Kinds:
+
+``kill_poller``          SIGKILL a poller, start a replacement at once
+``stop_poller``          SIGSTOP a poller for longer than its lease (16-21 s), then SIGCONT
+``restart_azurite``      stop Azurite gracefully, start it on the same ports and data
+``pause_azurite_short``  SIGSTOP Azurite for 1-4 s (shorter than the storage timeouts)
+``pause_azurite_long``   SIGSTOP Azurite for 16-22 s (longer than the 15 s read timeout and
+                         the lease)
+``terminate_pollers``    ``pg_terminate_backend`` of every session of the pollers
+``terminate_writer``     ``pg_terminate_backend`` of one writer's session (its COMMIT may be
+                         cut off: an unknown outcome, resolved from the history table)
+
+Evidence folder (kept; its path is printed): ``meta.json``, ``faults.jsonl``, ``samples.jsonl``
+(the monitor's reads of checkpoint and lease every half second), ``writers/``, ``events/`` (the
+handlers' and engines' events), ``pollers/`` and ``writers/*.log`` (process output),
+``azurite/`` (its data and log), ``history.json`` (the history table), ``report.json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import psycopg
+from azure.storage.blob import ExponentialRetry
+from psycopg import sql
+
+import azure_functions_db as afdb
+from soak.check import Report, check
+from soak.evidence import EvidenceLog
+from tests.azurite import DIE_WITH_PARENT, Azurite
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/test"
+CONTAINER = "soak-state"
+KEY = afdb.PollerKey(namespace="live", poller="soak")
+LEASE = 15.0
+SAMPLE_EVERY = 0.5
+
+#: Fault kinds and their weights in the schedule.
+KINDS: dict[str, float] = {
+    "kill_poller": 0.24,
+    "stop_poller": 0.16,
+    "restart_azurite": 0.10,
+    "pause_azurite_short": 0.12,
+    "pause_azurite_long": 0.08,
+    "terminate_pollers": 0.18,
+    "terminate_writer": 0.12,
+}
+
+
+@dataclass(frozen=True)
+class Options:
+    seconds: float = 90.0
+    seed: int = 1
+    out: Path | None = None
+    control: bool = False
+    pollers: int = 3
+    writers: int = 4
+    fault_every: float = 4.0
+    drain_timeout: float = 150.0
+    pg: str = DEFAULT_PG
+
+
+@dataclass(frozen=True)
+class Fault:
+    at: float  # seconds after the soak started
+    kind: str
+    draw: float  # decides duration (and the target when no poller holds the lease)
+
+    @property
+    def duration(self) -> float:
+        return {
+            "stop_poller": LEASE + 1 + 5 * self.draw,
+            "pause_azurite_short": 1 + 3 * self.draw,
+            "pause_azurite_long": LEASE + 1 + 6 * self.draw,
+        }.get(self.kind, 0.0)
+
+
+def schedule(seed: int, seconds: float, every: float) -> list[Fault]:
+    """The faults of a soak: one every ``every`` seconds on average, none in the first 3 s or
+    the last 3 s, drawn from ``seed`` alone."""
+    rng = random.Random(seed)  # noqa: S311 - a replayable schedule, not crypto
+    kinds, weights = list(KINDS), list(KINDS.values())
+    faults, at = [], 3.0 + rng.uniform(0, every)
+    while at < seconds - 3:
+        faults.append(Fault(round(at, 3), rng.choices(kinds, weights)[0], rng.random()))
+        at += rng.uniform(0.5 * every, 1.5 * every)
+    return faults
+
+
+@dataclass
+class Slot:
+    """One poller position: the process in it now, and whether the driver froze it."""
+
+    index: int
+    process: subprocess.Popen[bytes] | None = None
+    stopped_until: float | None = None
+    generation: int = 0
+    outputs: list[IO[bytes]] = field(default_factory=list)
+
+
+class Soak:
+    def __init__(self, options: Options) -> None:
+        self.o = options
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.out = options.out or REPO / ".afdb" / "soak" / f"{stamp}-seed{options.seed}"
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.table = f"soak_{uuid.uuid4().hex[:10]}"
+        self.faults = EvidenceLog(self.out / "faults.jsonl")
+        self.samples = EvidenceLog(self.out / "samples.jsonl")
+        self.azurite = Azurite(self.out / "azurite")
+        self.slots = [Slot(i) for i in range(options.pollers)]
+        self.writers: list[subprocess.Popen[bytes]] = []
+        self.stop_monitor = threading.Event()
+        self.latest: dict[str, Any] = {}
+        self.harness: list[str] = []
+        self.poller_exits = 0
+        self.follow_ups: list[tuple[float, str, Callable[[], None]]] = []
+        self.t0 = time.monotonic()
+        self.writers_stopped: float | None = None
+
+    # -- setup ------------------------------------------------------------------------------
+
+    def admin(self) -> psycopg.Connection[Any]:
+        return psycopg.connect(self.o.pg, autocommit=True, application_name="soak-driver")
+
+    def create_tables(self) -> None:
+        with self.admin() as conn:
+            conn.execute(
+                sql.SQL(
+                    "CREATE TABLE {t} (id bigint PRIMARY KEY, version bigint NOT NULL, "
+                    "writer int NOT NULL, updated_at timestamptz NOT NULL)"
+                ).format(t=sql.Identifier(self.table))
+            )
+            conn.execute(
+                sql.SQL("CREATE INDEX ON {t} (updated_at, id)").format(t=sql.Identifier(self.table))
+            )
+            history = sql.Identifier(f"{self.table}_history")
+            slow = sql.Identifier(f"{self.table}_slow_commit")
+            conn.execute(
+                sql.SQL(
+                    "CREATE TABLE {h} (id bigint, version bigint, slow boolean NOT NULL, "
+                    "PRIMARY KEY (id, version))"
+                ).format(h=history)
+            )
+            # A writer marks some transactions slow: their COMMIT then sleeps in this deferred
+            # trigger, so a terminated session can lose COMMIT's answer (an unknown outcome).
+            conn.execute(
+                sql.SQL(
+                    "CREATE FUNCTION {f}() RETURNS trigger LANGUAGE plpgsql AS "
+                    "$$ BEGIN PERFORM pg_sleep(0.4); RETURN NULL; END $$"
+                ).format(f=slow)
+            )
+            conn.execute(
+                sql.SQL(
+                    "CREATE CONSTRAINT TRIGGER {f} AFTER INSERT ON {h} DEFERRABLE INITIALLY "
+                    "DEFERRED FOR EACH ROW WHEN (NEW.slow) EXECUTE FUNCTION {f}()"
+                ).format(f=slow, h=history)
+            )
+
+    def drop_tables(self) -> None:
+        with self.admin() as conn:
+            for name in (self.table, f"{self.table}_history"):
+                conn.execute(sql.SQL("DROP TABLE IF EXISTS {t}").format(t=sql.Identifier(name)))
+            conn.execute(
+                sql.SQL("DROP FUNCTION IF EXISTS {f}()").format(
+                    f=sql.Identifier(f"{self.table}_slow_commit")
+                )
+            )
+
+    def env(self) -> dict[str, str]:
+        poller_url = self.o.pg.replace("postgresql://", "postgresql+psycopg://", 1)
+        joiner = "&" if "?" in poller_url else "?"
+        return {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            "AzureWebJobsStorage": self.azurite.connection_string,
+            "SOAK_DB_URL": f"{poller_url}{joiner}application_name={self.table}-poller",
+            "SOAK_PG": self.o.pg,
+            "SOAK_TABLE": self.table,
+            "SOAK_CONTAINER": CONTAINER,
+            "SOAK_EVENTS": str(self.out / "events"),
+            "SOAK_EVIDENCE": str(self.out / "writers"),
+            "SOAK_DRAIN": str(self.out / "drain.flag"),
+            "SOAK_STOP": str(self.out / "stop-writers.flag"),
+            "SOAK_SEED": str(self.o.seed),
+            "SOAK_WRITERS": str(self.o.writers),
+            "SOAK_CONTROL": "1" if self.o.control else "0",
+        }
+
+    def spawn(self, args: list[str], log: Path) -> tuple[subprocess.Popen[bytes], IO[bytes]]:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        output = log.open("ab")
+        process = subprocess.Popen(
+            [sys.executable, *args],
+            cwd=REPO,
+            env=self.env(),
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            preexec_fn=DIE_WITH_PARENT,  # noqa: PLW1509 - prctl only
+        )
+        return process, output
+
+    def start_poller(self, slot: Slot) -> None:
+        slot.generation += 1
+        process, output = self.spawn(
+            ["-m", "azure_functions_db", "run", "soak.app"],
+            self.out / "pollers" / f"slot{slot.index}-{slot.generation}.log",
+        )
+        slot.process, slot.stopped_until = process, None
+        slot.outputs.append(output)
+
+    # -- the monitor ------------------------------------------------------------------------
+
+    def monitor(self) -> None:
+        """Read the checkpoint, then the lease, every half second (the lease's fence can only
+        be higher than the checkpoint's read before it)."""
+        store = afdb.BlobStateStore(
+            container=CONTAINER,
+            settings={"AzureWebJobsStorage": self.azurite.connection_string},
+            client_options={
+                "connection_timeout": 2,
+                "read_timeout": 3,
+                "retry_policy": ExponentialRetry(retry_total=0),
+            },
+        )
+        while not self.stop_monitor.wait(SAMPLE_EVERY):
+            try:
+                stored = store.read(KEY)
+                lease = store.inspect(KEY)
+            except Exception as exc:  # noqa: BLE001 - a failed read is a sample too
+                self.samples.write("sample", error=type(exc).__name__)
+                continue
+            cp = stored.checkpoint if stored is not None else None
+            position = None
+            if cp is not None and cp.position is not None:
+                position = [*cp.position.cursor, *cp.position.pk]
+            self.latest = {"position": position, "holder": lease.holder}
+            self.samples.write(
+                "sample",
+                cp_fence=None if cp is None else cp.fence,
+                position=position,
+                lease_fence=lease.fence,
+                lease_state=lease.state,
+                holder=lease.holder,
+            )
+
+    # -- faults -----------------------------------------------------------------------------
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def record(self, kind: str, **fields: Any) -> None:
+        self.faults.write("fault", kind=kind, at=round(self.elapsed(), 3), **fields)
+
+    def later(self, seconds: float, what: str, action: Callable[[], None]) -> None:
+        self.follow_ups.append((self.elapsed() + seconds, what, action))
+
+    def target(self, draw: float) -> Slot:
+        """The poller that holds the lease if a live one does, else one picked by ``draw``."""
+        live = [s for s in self.slots if s.stopped_until is None and s.process is not None]
+        holder = self.latest.get("holder") or ""
+        pid = holder.split(":")[1] if holder.count(":") >= 2 else ""
+        for slot in live:
+            if slot.process is not None and str(slot.process.pid) == pid:
+                return slot
+        pool = live or self.slots
+        return pool[min(len(pool) - 1, int(draw * len(pool)))]
+
+    def inject(self, fault: Fault) -> None:
+        kind = fault.kind
+        if kind in ("kill_poller", "stop_poller"):
+            slot = self.target(fault.draw)
+            assert slot.process is not None
+            pid = slot.process.pid
+            if kind == "kill_poller":
+                self.kill(slot)
+                self.start_poller(slot)
+                self.record(kind, pid=pid, replacement=slot.process.pid)
+            else:
+                os.kill(pid, signal.SIGSTOP)
+                slot.stopped_until = self.elapsed() + fault.duration
+                self.record(kind, pid=pid, seconds=round(fault.duration, 2))
+                self.later(fault.duration, "resume_poller", lambda: self.resume(slot, pid))
+        elif kind.startswith(("restart_azurite", "pause_azurite")):
+            if self.azurite.paused:
+                self.record(kind, skipped="azurite already paused")
+            elif kind == "restart_azurite":
+                began = time.monotonic()
+                self.azurite.restart()
+                self.record(kind, seconds=round(time.monotonic() - began, 2))
+            else:
+                self.azurite.pause()
+                self.record(kind, seconds=round(fault.duration, 2))
+                self.later(fault.duration, "resume_azurite", self.azurite.resume)
+        elif kind == "terminate_pollers":
+            self.record(kind, sessions=self.terminate(f"{self.table}-poller"))
+        elif kind == "terminate_writer":
+            name = f"{self.table}-writer-{int(fault.draw * self.o.writers)}"
+            self.record(kind, application=name, sessions=self.terminate(name))
+
+    def terminate(self, application: str) -> int:
+        with self.admin() as conn:
+            rows = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = %s",
+                (application,),
+            ).fetchall()
+        return len(rows)
+
+    def resume(self, slot: Slot, pid: int) -> None:
+        if slot.process is not None and slot.process.pid == pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+            slot.stopped_until = None
+            self.faults.write("resumed", pid=pid)
+
+    def kill(self, slot: Slot) -> None:
+        if slot.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(slot.process.pid, signal.SIGKILL)
+        slot.process.wait()
+        slot.process = None
+
+    def run_follow_ups(self, everything: bool = False) -> None:
+        due = [f for f in self.follow_ups if everything or f[0] <= self.elapsed()]
+        for item in due:
+            self.follow_ups.remove(item)
+            item[2]()
+
+    def watch_pollers(self) -> None:
+        """A poller that exited on its own is a finding (``afdb run`` must not exit); restart
+        it so the soak goes on."""
+        for slot in self.slots:
+            if slot.process is not None and slot.process.poll() is not None:
+                self.poller_exits += 1
+                self.faults.write(
+                    "poller_exited", pid=slot.process.pid, code=slot.process.returncode
+                )
+                self.start_poller(slot)
+
+    # -- the run ----------------------------------------------------------------------------
+
+    def run(self) -> Report:
+        o = self.o
+        print(f"soak: seed {o.seed}, {o.seconds:.0f}s, evidence in {self.out}", flush=True)
+        self.azurite.start()
+        self.create_tables()
+        monitor = threading.Thread(target=self.monitor, name="soak-monitor", daemon=True)
+        try:
+            self.t0 = time.monotonic()
+            for i in range(o.writers):
+                process, _ = self.spawn(
+                    ["-m", "soak.writer", str(i)], self.out / "writers" / f"writer-{i}.log"
+                )
+                self.writers.append(process)
+            for slot in self.slots:
+                self.start_poller(slot)
+            monitor.start()
+            self.drive(schedule(o.seed, o.seconds, o.fault_every))
+            self.drain()
+        finally:
+            self.stop_monitor.set()
+            for slot in self.slots:
+                self.kill(slot)
+            for writer in self.writers:
+                writer.kill()
+                writer.wait()
+            monitor.join(timeout=10)
+            self.dump_history()
+            self.write_meta()
+            self.drop_tables()
+            self.azurite.stop()
+        report = check(self.out)
+        (self.out / "report.json").write_text(json.dumps(report.to_json(), indent=2, default=str))
+        return report
+
+    def drive(self, faults: list[Fault]) -> None:
+        pending = list(faults)
+        last_note = 0.0
+        while self.elapsed() < self.o.seconds:
+            self.run_follow_ups()
+            while pending and pending[0].at <= self.elapsed():
+                self.inject(pending.pop(0))
+            self.watch_pollers()
+            if self.elapsed() - last_note >= 15:
+                last_note = self.elapsed()
+                print(
+                    f"soak: {last_note:.0f}s of {self.o.seconds:.0f}s, "
+                    f"{len(faults) - len(pending)} fault(s) so far",
+                    flush=True,
+                )
+            time.sleep(0.05)
+
+    def drain(self) -> None:
+        """Stop the writers, undo every fault, and wait until the checkpoint stands at the
+        table's last row (the database decides: no row after it is left)."""
+        self.run_follow_ups(everything=True)
+        self.azurite.ensure_running()
+        (self.out / "stop-writers.flag").touch()
+        for writer in self.writers:
+            try:
+                writer.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.harness.append(f"writer {writer.pid} did not stop within 15 s (killed)")
+                writer.kill()
+                writer.wait()
+        self.writers_stopped = self.elapsed()
+        (self.out / "drain.flag").touch()
+        print("soak: writers stopped; draining", flush=True)
+        deadline = time.monotonic() + self.o.drain_timeout
+        while time.monotonic() < deadline:
+            self.watch_pollers()
+            if self.rows_after(self.latest.get("position")) == 0:
+                self.faults.write("drained", at=round(self.elapsed(), 3))
+                return
+            time.sleep(0.5)
+        self.harness.append(
+            f"the drain did not reach the table's last row within {self.o.drain_timeout:.0f} s "
+            f"({self.rows_after(self.latest.get('position'))} row(s) after the checkpoint)"
+        )
+
+    def rows_after(self, position: list[Any] | None) -> int:
+        """How many rows the database orders after ``position`` (all rows if ``None``)."""
+        table = sql.Identifier(self.table)
+        with self.admin() as conn:
+            if position is None:
+                row = conn.execute(sql.SQL("SELECT count(*) FROM {t}").format(t=table)).fetchone()
+            else:
+                after = sql.SQL("SELECT count(*) FROM {t} WHERE (updated_at, id) > (%s, %s)")
+                cursor = dt.datetime.fromisoformat(str(position[0]))
+                row = conn.execute(after.format(t=table), (cursor, int(position[1]))).fetchone()
+        return int(row[0]) if row else 0
+
+    def dump_history(self) -> None:
+        try:
+            with self.admin() as conn:
+                rows = conn.execute(
+                    sql.SQL("SELECT id, version FROM {h}").format(
+                        h=sql.Identifier(f"{self.table}_history")
+                    )
+                ).fetchall()
+        except psycopg.Error as exc:
+            self.harness.append(f"cannot read the history table: {exc}")
+            rows = []
+        (self.out / "history.json").write_text(json.dumps([list(r) for r in rows]))
+
+    def write_meta(self) -> None:
+        meta = {
+            "seed": self.o.seed,
+            "seconds": self.o.seconds,
+            "control": self.o.control,
+            "pollers": self.o.pollers,
+            "writers": self.o.writers,
+            "fault_every": self.o.fault_every,
+            "table": self.table,
+            "writers_stopped": self.writers_stopped,
+            "poller_exits": self.poller_exits,
+            "harness": self.harness,
+        }
+        (self.out / "meta.json").write_text(json.dumps(meta, indent=2))

@@ -1,0 +1,144 @@
+"""One soak writer process: ``python -m soak.writer INDEX`` (started by ``soak.run``).
+
+Writes transactions of 1-8 row changes (inserts of its own new ids, updates of ids it inserted)
+on the soak table, each change stamping ``updated_at = now()`` (the transaction's start time)
+and a ``version`` from this writer's own counter, so versions of one id grow in commit order.
+Some transactions are held open for seconds before COMMIT (late commits), some roll back. Every
+change is also recorded in the history table in the same transaction, which is how a COMMIT with
+an unknown outcome (its connection was killed) is resolved afterwards.
+
+Evidence (``writer-<index>.jsonl``): ``commit`` (after COMMIT returned), ``rollback``,
+``aborted`` (the transaction failed before COMMIT was sent: nothing committed) and ``unknown``
+(COMMIT was sent and its answer lost), each with the (id, version) pairs. The writer stops after
+its current transaction when the stop flag file appears or on SIGTERM.
+
+Environment: ``SOAK_PG`` (libpq URI), ``SOAK_TABLE``, ``SOAK_EVIDENCE`` (folder),
+``SOAK_STOP`` (flag file), ``SOAK_SEED``, ``SOAK_WRITERS`` (how many writers share the ids).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from soak.evidence import EvidenceLog
+
+P_ROLLBACK = 0.08
+P_LATE = 0.15
+P_SLOW_COMMIT = 0.2
+LATE_SECONDS = (0.3, 3.5)
+
+
+class Writer:
+    """One writer: its ids (``index + writers * n``), its version counter, its connection."""
+
+    def __init__(self, index: int, env: Mapping[str, str]) -> None:
+        self.index = index
+        self.env = env
+        self.writers = int(env["SOAK_WRITERS"])
+        self.log = EvidenceLog(Path(env["SOAK_EVIDENCE"]) / f"writer-{index}.jsonl")
+        self.rng = random.Random(f"{env.get('SOAK_SEED', '0')}:writer:{index}")  # noqa: S311
+        table = sql.Identifier(env["SOAK_TABLE"])
+        self.insert = sql.SQL(
+            "INSERT INTO {t} (id, version, writer, updated_at) VALUES (%s, %s, %s, now())"
+        ).format(t=table)
+        self.update = sql.SQL(
+            "UPDATE {t} SET version = %s, updated_at = now() WHERE id = %s"
+        ).format(t=table)
+        self.history = sql.SQL("INSERT INTO {h} (id, version, slow) VALUES (%s, %s, %s)").format(
+            h=sql.Identifier(f"{env['SOAK_TABLE']}_history")
+        )
+        self.owned: list[int] = []  # ids whose insert is known committed
+        self.next_id = 0
+        self.version = 0
+        self.conn: psycopg.Connection[Any] | None = None
+
+    def connect(self) -> psycopg.Connection[Any] | None:
+        if self.conn is None or self.conn.closed:
+            try:
+                self.conn = psycopg.connect(
+                    self.env["SOAK_PG"],
+                    application_name=f"{self.env['SOAK_TABLE']}-writer-{self.index}",
+                )
+            except psycopg.Error as exc:
+                self.log.write("connect_failed", error=type(exc).__name__)
+                time.sleep(0.5)
+                return None
+        return self.conn
+
+    def transaction(self, conn: psycopg.Connection[Any]) -> None:
+        """One transaction: changes, maybe a long hold, then ROLLBACK or COMMIT, logged."""
+        rng = self.rng
+        pairs: list[list[int]] = []
+        fresh: list[int] = []
+        # A slow COMMIT (a deferred trigger sleeps in it) gives a terminated session a real
+        # chance to lose COMMIT's answer: an unknown outcome, resolved from the history table.
+        slow = rng.random() < P_SLOW_COMMIT
+        try:
+            with conn.cursor() as cur:
+                for _ in range(rng.randint(1, 8)):
+                    self.version += 1
+                    if self.owned and rng.random() < 0.6:
+                        row = rng.choice(self.owned)
+                        cur.execute(self.update, (self.version, row))
+                    else:
+                        row = self.index + self.writers * self.next_id
+                        self.next_id += 1
+                        cur.execute(self.insert, (row, self.version, self.index))
+                        fresh.append(row)
+                    cur.execute(self.history, (row, self.version, slow and not pairs))
+                    pairs.append([row, self.version])
+            late = rng.random() < P_LATE
+            time.sleep(rng.uniform(*LATE_SECONDS) if late else rng.uniform(0.0, 0.05))
+            if rng.random() < P_ROLLBACK:
+                conn.rollback()
+                self.log.write("rollback", rows=pairs)
+                return
+        except psycopg.Error as exc:
+            self.log.write("aborted", rows=pairs, error=type(exc).__name__)
+            conn.close()
+            return
+        try:
+            conn.commit()
+        except psycopg.Error as exc:
+            self.log.write("unknown", rows=pairs, error=type(exc).__name__)
+            conn.close()
+            return
+        self.log.write("commit", rows=pairs)
+        self.owned.extend(fresh)
+
+
+def main(index: int) -> int:
+    env = os.environ
+    stop_flag = Path(env["SOAK_STOP"])
+    writer = Writer(index, env)
+    stopping = False
+
+    def on_term(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    writer.log.write("started", index=index)
+    while not stopping and not stop_flag.exists():
+        conn = writer.connect()
+        if conn is not None:
+            writer.transaction(conn)
+    if writer.conn is not None:
+        writer.conn.close()
+    writer.log.write("stopped", index=index)
+    writer.log.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(int(sys.argv[1])))
