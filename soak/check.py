@@ -94,6 +94,24 @@ class Report:
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "violations": self.violations}
 
+    def markdown(self, command: str) -> str:
+        """The row docs/guarantees.md keeps for the last long run."""
+        faults = ", ".join(f"{k} {v}" for k, v in sorted(self.faults.items()))
+        return "\n".join(
+            [
+                "| Command | Duration | Faults | Committed versions | Missing | Regressions "
+                "| Stale-fence calls | Phantoms | Duplicates | Longest standstill "
+                "| COMMIT to delivery p50 / p99 |",
+                "|---|---|---|---|---|---|---|---|---|---|---|",
+                f"| `{command}` | {self.seconds:.0f} s | {sum(self.faults.values())}: {faults} "
+                f"| {self.committed} ({self.unknown_commits} unknown COMMITs) | {self.missing} "
+                f"| {len(self.regressions)} | {self.stale_calls} | {self.phantoms} "
+                f"| {self.delivered - self.distinct_delivered} "
+                f"(ratio {self.duplicate_ratio:.4f}) | {self.longest_standstill:.1f} s "
+                f"| {self.delay_p50 or 0:.2f} s / {self.delay_p99 or 0:.2f} s |",
+            ]
+        )
+
     def summary(self) -> str:
         faults = ", ".join(f"{k} {v}" for k, v in sorted(self.faults.items())) or "none"
 
@@ -152,7 +170,10 @@ def check(folder: Path) -> Report:
     )
     report.harness.extend(meta.get("harness", []))
     faults = read_all(folder, "faults.jsonl")
-    report.faults = dict(Counter(str(f["kind"]) for f in faults if f["ev"] == "fault"))
+    # A fault the driver had to skip (Azurite already frozen) is not counted.
+    report.faults = dict(
+        Counter(str(f["kind"]) for f in faults if f["ev"] == "fault" and not f.get("skipped"))
+    )
     history = set(_pairs(json.loads((folder / "history.json").read_text())))
     commits = _commits(read_all(folder / "writers"), history, report)
     handlers = _Handlers(read_all(folder / "events"), report)
@@ -326,11 +347,19 @@ def _standstill(samples: Sequence[dict[str, Any]], commits: Sequence[float]) -> 
 
 
 def main(argv: Sequence[str]) -> int:
-    if len(argv) != 1:
-        sys.stderr.write("usage: python -m soak.check EVIDENCE_FOLDER\n")
+    markdown = "--markdown" in argv
+    folders = [a for a in argv if a != "--markdown"]
+    if len(folders) != 1:
+        sys.stderr.write("usage: python -m soak.check [--markdown] EVIDENCE_FOLDER\n")
         return 2
-    report = check(Path(argv[0]))
-    sys.stdout.write(report.summary() + "\n")
+    folder = Path(folders[0])
+    report = check(folder)
+    if markdown:
+        meta = json.loads((folder / "meta.json").read_text())
+        command = f"make soak SECONDS={meta['seconds']:g} SEED={meta['seed']}"
+        sys.stdout.write(report.markdown(command) + "\n")
+    else:
+        sys.stdout.write(report.summary() + "\n")
     return 1 if report.violations else 0
 
 
