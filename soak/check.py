@@ -9,7 +9,11 @@ Violations (any one fails the soak):
     checkpoint's (the sample reads the checkpoint first, so the lease's can only be higher).
 (c) ``stale_calls``: a handler call that started under fence f after a fence above f had been
     granted (a ``lease_acquired`` event or a monitor sample had shown it, earlier on the
-    machine's monotonic clock) or stored in the checkpoint.
+    machine's monotonic clock) or stored in the checkpoint. Azurite forgets live leases when it
+    restarts (Azure does not), so a call whose lease was dropped that way, between its grant
+    and its start, is counted apart (``stale_after_lease_dropped``): no engine can see that
+    before it next talks to the store, and what must hold then is that the fence stops it:
+    ``stale_commits`` (a violation) counts such calls whose batch was committed anyway.
 (e) ``phantoms``: a delivered (id, version) that no writer committed (rolled back, aborted, or a
     COMMIT with an unknown outcome that the history table shows did not commit).
 ``harness``: the evidence contradicts itself (a COMMIT the writer saw return is not in the history
@@ -41,6 +45,8 @@ from typing import Any
 from soak.evidence import read_all
 
 Pair = tuple[int, int]
+# The engine's events that end a handler call's batch: acknowledged, or not.
+_ENDS_OF_A_CALL = ("batch_committed", "commit_rejected", "lease_lost", "handler_failed")
 EXAMPLES = 10
 
 
@@ -69,6 +75,8 @@ class Report:
     regressions: list[str] = field(default_factory=list)
     stale_calls: int = 0
     stale_examples: list[str] = field(default_factory=list)
+    stale_after_lease_dropped: int = 0
+    stale_commits: int = 0
     harness: list[str] = field(default_factory=list)
     samples: int = 0
     sample_errors: int = 0
@@ -86,6 +94,8 @@ class Report:
             found.append(f"(b) {len(self.regressions)} regression(s) of checkpoint or fence")
         if self.stale_calls:
             found.append(f"(c) {self.stale_calls} handler call(s) under a stale fence")
+        if self.stale_commits:
+            found.append(f"(c) {self.stale_commits} batch(es) committed after the lease was lost")
         if self.phantoms:
             found.append(f"(e) {self.phantoms} delivered version(s) that no writer committed")
         found.extend(f"harness: {h}" for h in self.harness)
@@ -105,7 +115,9 @@ class Report:
                 "|---|---|---|---|---|---|---|---|---|---|---|",
                 f"| `{command}` | {self.seconds:.0f} s | {sum(self.faults.values())}: {faults} "
                 f"| {self.committed} ({self.unknown_commits} unknown COMMITs) | {self.missing} "
-                f"| {len(self.regressions)} | {self.stale_calls} | {self.phantoms} "
+                f"| {len(self.regressions)} | {self.stale_calls} (+{self.stale_after_lease_dropped} "
+                f"after Azurite forgot a live lease, {self.stale_commits} of them committed) "
+                f"| {self.phantoms} "
                 f"| {self.delivered - self.distinct_delivered} "
                 f"(ratio {self.duplicate_ratio:.4f}) | {self.longest_standstill:.1f} s "
                 f"| {self.delay_p50 or 0:.2f} s / {self.delay_p99 or 0:.2f} s |",
@@ -132,6 +144,8 @@ class Report:
             f"(a) missing        {self.missing} {self.missing_examples[:3] or ''}",
             f"(b) regressions    {len(self.regressions)} {self.regressions[:2] or ''}",
             f"(c) stale calls    {self.stale_calls} {self.stale_examples[:2] or ''}",
+            f"    lease dropped  {self.stale_after_lease_dropped} call(s) after Azurite forgot a "
+            f"live lease on restart (fence rejected them; stale commits: {self.stale_commits})",
             f"(e) phantoms       {self.phantoms} {self.phantom_examples[:3] or ''}",
             f"monitor samples    {self.samples} ({self.sample_errors} failed reads)",
             f"longest standstill {secs(self.longest_standstill)} with committed rows waiting",
@@ -195,7 +209,12 @@ def check(folder: Path) -> Report:
         handlers.grants.append((float(s["t"]), int(s["lease_fence"])))
         if s.get("cp_fence") is not None:
             handlers.grants.append((float(s["t"]), int(s["cp_fence"])))
-    _stale_calls(handlers, report)
+    restarts = [
+        (float(f["t"]) - float(f.get("seconds", 0)), float(f["t"]))
+        for f in faults
+        if f["ev"] == "fault" and f["kind"] == "restart_azurite" and not f.get("skipped")
+    ]
+    _stale_calls(handlers, restarts, report)
     _liveness(commits, handlers, good, set(missing), report)
     return report
 
@@ -245,6 +264,9 @@ class _Handlers:
         self.deliveries: dict[int, list[tuple[float, int]]] = defaultdict(list)
         self.delivered = Counter[Pair]()
         self.grants: list[tuple[float, int]] = []
+        self.own_grants: list[tuple[float, int]] = []  # from the pollers' lease_acquired only
+        # Per process, what became of each batch: committed, or stopped.
+        self.ends: dict[int, list[dict[str, Any]]] = defaultdict(list)
         self.starts: list[dict[str, Any]] = []
         for ev in events:
             kind = ev["ev"]
@@ -260,6 +282,9 @@ class _Handlers:
                 report.handler_freezes += 1
             elif kind == "log" and ev.get("action") == "lease_acquired":
                 self.grants.append((float(ev["t"]), int(ev["fence"])))
+                self.own_grants.append((float(ev["t"]), int(ev["fence"])))
+            if kind == "log" and ev.get("action") in _ENDS_OF_A_CALL:
+                self.ends[int(ev["pid"])].append(ev)
         report.handler_calls = len(self.starts)
         report.delivered = sum(self.delivered.values())
         report.distinct_delivered = len(self.delivered)
@@ -267,14 +292,33 @@ class _Handlers:
             report.duplicate_ratio = report.delivered / len(self.delivered) - 1
 
 
-def _stale_calls(handlers: _Handlers, report: Report) -> None:
+def _stale_calls(
+    handlers: _Handlers, restarts: Sequence[tuple[float, float]], report: Report
+) -> None:
     """(c): a handler call that started after a higher fence was granted or stored."""
+    granted_at = {fence: t for t, fence in handlers.own_grants}
     grants = sorted(handlers.grants)
     times = [t for t, _ in grants]
     highest = list(itertools.accumulate((fence for _, fence in grants), max))
     for start in handlers.starts:
         index = bisect.bisect_left(times, float(start["t"])) - 1
         if index >= 0 and highest[index] > int(start["fence"]):
+            began = granted_at.get(int(start["fence"]), float(start["t"]))
+            if any(r0 <= float(start["t"]) and r1 >= began for r0, r1 in restarts):
+                report.stale_after_lease_dropped += 1
+                # What must hold then: the fence stops that batch, it is never committed.
+                end = next(
+                    (
+                        e
+                        for e in handlers.ends[int(start["pid"])]
+                        if float(e["t"]) > float(start["t"])
+                        and int(e.get("fence", -1)) == int(start["fence"])
+                    ),
+                    None,
+                )
+                if end is not None and end["action"] == "batch_committed":
+                    report.stale_commits += 1
+                continue
             report.stale_calls += 1
             if len(report.stale_examples) < EXAMPLES:
                 report.stale_examples.append(

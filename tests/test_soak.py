@@ -34,6 +34,7 @@ class Evidence:
         self.events: list[dict[str, Any]] = []
         self.samples: list[dict[str, Any]] = []
         self.history: set[tuple[int, int]] = set()
+        self.faults: list[dict[str, Any]] = [{"ev": "fault", "t": 1, "kind": "kill_poller"}]
 
     def commit(self, t: float, *pairs: tuple[int, int], outcome: str = "commit") -> None:
         self.writers.append({"ev": outcome, "t": t, "rows": [list(p) for p in pairs]})
@@ -55,7 +56,7 @@ class Evidence:
     def judge(self) -> Any:
         (self.root / "meta.json").write_text(json.dumps({"seed": 1, "seconds": 10}))
         (self.root / "history.json").write_text(json.dumps(sorted(self.history)))
-        _lines(self.root / "faults.jsonl", [{"ev": "fault", "t": 1, "kind": "kill_poller"}])
+        _lines(self.root / "faults.jsonl", self.faults)
         _lines(self.root / "writers" / "writer-0.jsonl", self.writers)
         _lines(self.root / "events" / "poller-1.jsonl", self.events)
         _lines(self.root / "samples.jsonl", self.samples)
@@ -130,6 +131,30 @@ def test_a_handler_started_after_a_higher_fence_was_granted_is_stale(ev: Evidenc
     report = ev.judge()
     assert report.stale_calls == 1
     assert "fence 2 was known" in report.stale_examples[0]
+
+
+def _dropped_lease(ev: Evidence, then: str) -> Any:
+    """Fence 1 granted at 0.5; Azurite restarts (2.0-2.4) and forgets it; fence 2 is granted
+    at 2.45; the fence-1 owner, unaware, starts a call at 2.5, and then ``then`` happens."""
+    ev.faults.append({"ev": "fault", "t": 2.4, "kind": "restart_azurite", "seconds": 0.4})
+    ev.grant(2.45, 2)
+    ev.deliver(2.5, 1, (1, 3), (2, 2))
+    ev.events.append({"ev": "log", "t": 2.6, "action": then, "fence": 1})
+    return ev.judge()
+
+
+def test_a_call_after_azurite_forgot_the_lease_is_counted_apart_if_the_fence_stopped_it(
+    ev: Evidence,
+) -> None:
+    report = _dropped_lease(ev, "commit_rejected")
+    assert (report.stale_calls, report.stale_after_lease_dropped) == (0, 1)
+    assert report.violations == []
+
+
+def test_a_batch_committed_after_azurite_forgot_the_lease_is_a_violation(ev: Evidence) -> None:
+    report = _dropped_lease(ev, "batch_committed")
+    assert report.stale_commits == 1
+    assert any("committed after the lease was lost" in v for v in report.violations)
 
 
 def test_a_fence_the_monitor_saw_stored_counts_too(ev: Evidence) -> None:
