@@ -115,8 +115,9 @@ class Report:
                 "|---|---|---|---|---|---|---|---|---|---|---|",
                 f"| `{command}` | {self.seconds:.0f} s | {sum(self.faults.values())}: {faults} "
                 f"| {self.committed} ({self.unknown_commits} unknown COMMITs) | {self.missing} "
-                f"| {len(self.regressions)} | {self.stale_calls} (+{self.stale_after_lease_dropped} "
-                f"after Azurite forgot a live lease, {self.stale_commits} of them committed) "
+                f"| {len(self.regressions)} | {self.stale_calls} "
+                f"(+{self.stale_after_lease_dropped} after Azurite forgot a live lease, "
+                f"{self.stale_commits} of them committed) "
                 f"| {self.phantoms} "
                 f"| {self.delivered - self.distinct_delivered} "
                 f"(ratio {self.duplicate_ratio:.4f}) | {self.longest_standstill:.1f} s "
