@@ -146,7 +146,7 @@ def _demo(args: argparse.Namespace, console: Console) -> int:
 
 
 def _run(args: argparse.Namespace, console: Console) -> int:
-    from azure_functions_db.clock import SystemClock
+    from azure_functions_db.core.clock import SystemClock
     from azure_functions_db.runner import RunOutcome, run_one, run_scheduled
 
     pollers = _select(args.app, args.poller)

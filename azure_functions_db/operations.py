@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from azure_functions_db.core.checkpoint import Checkpoint, StaleFenceError
 from azure_functions_db.core.logs import log_event
+from azure_functions_db.core.ports import BacklogSource, Horizon, StateStore
 from azure_functions_db.core.position import KeyValue, Position
 from azure_functions_db.errors import (
     AfdbError,
@@ -21,7 +22,6 @@ from azure_functions_db.errors import (
     LeaseHeldError,
 )
 from azure_functions_db.poller import PollerDefinition
-from azure_functions_db.ports import BacklogSource, Horizon, StateStore
 
 logger = logging.getLogger(__name__)
 

@@ -17,13 +17,12 @@ from pathlib import Path
 
 from croniter import croniter
 
-from azure_functions_db.clock import SystemClock
-from azure_functions_db.core.clock import Clock
+from azure_functions_db.core.clock import Clock, SystemClock
 from azure_functions_db.core.engine import Engine, Handler, PollerConfig, RunReport
 from azure_functions_db.core.logs import log_event
+from azure_functions_db.core.ports import Source, StateStore
 from azure_functions_db.core.settings import setting_value
 from azure_functions_db.errors import ConfigurationError
-from azure_functions_db.ports import Source, StateStore
 from azure_functions_db.telemetry import metrics_observer
 
 logger = logging.getLogger(__name__)

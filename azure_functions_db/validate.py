@@ -24,6 +24,7 @@ from typing import Any, Literal
 import sqlalchemy as sa
 
 from azure_functions_db.core.checkpoint import Checkpoint, SourceDescription
+from azure_functions_db.core.ports import Source
 from azure_functions_db.core.position import Position
 from azure_functions_db.core.source_change import (
     COLUMNS_CHANGED_NOTE,
@@ -39,7 +40,6 @@ from azure_functions_db.errors import (
     SourceDefinitionError,
 )
 from azure_functions_db.poller import PollerDefinition, resolve_schedule, setting_name
-from azure_functions_db.ports import Source
 from azure_functions_db.sources import SqlSource
 from azure_functions_db.sources._health import KeysetIndex, keyset_index
 from azure_functions_db.validate_horizon import (

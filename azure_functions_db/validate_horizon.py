@@ -2,7 +2,8 @@
 
 :func:`describe_horizon` gives the horizon method in effect, the privileges it needs, and what a
 fallback means for late-committing rows (SPEC §5.3). Pure: it reads only the
-:class:`~azure_functions_db.ports.Horizon` the source returned and a few facts about the source.
+:class:`~azure_functions_db.core.ports.Horizon` the source returned and a few facts about the
+source.
 Only fixes the source accepts are suggested: ``lag=`` never for a cursor the source refuses a lag
 on (:func:`lag_refused`: anything but a date or date-time), even where the source's fallback
 reason offers it.
@@ -22,9 +23,9 @@ from typing import Any, Literal
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql
 
+from azure_functions_db.core.ports import Horizon
 from azure_functions_db.core.position import CodecError, KeyValue, decode_value, encode_value
 from azure_functions_db.errors import ConfigurationError
-from azure_functions_db.ports import Horizon
 from azure_functions_db.sources import (
     LagHorizon,
     MssqlRowversionHorizon,

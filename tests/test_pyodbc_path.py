@@ -38,13 +38,13 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql
 
 from azure_functions_db import Batch, Change
-from azure_functions_db.clock import SystemClock
 from azure_functions_db.core.checkpoint import (
     Checkpoint,
     PollerKey,
     decode_checkpoint,
     encode_checkpoint,
 )
+from azure_functions_db.core.clock import SystemClock
 from azure_functions_db.core.engine import Engine, PollerConfig
 from azure_functions_db.core.position import Position
 from azure_functions_db.errors import SourceError, TransientSourceError

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from azure_functions_db.core.ports import Horizon
 from azure_functions_db.errors import SourceDefinitionError
-from azure_functions_db.ports import Horizon
 from azure_functions_db.sources.sqlalchemy import SqlSource
 
 from . import dbservers

@@ -28,6 +28,16 @@ from azure_functions_db.core.lease import LeaseKeeper
 from azure_functions_db.core.logs import log_event
 from azure_functions_db.core.observe import RunObserver, guarded
 from azure_functions_db.core.observe import RunReport as RunReport  # noqa: PLC0414 - re-export
+from azure_functions_db.core.ports import (
+    AcknowledgingSource,
+    BacklogSource,
+    ChangeSource,
+    Horizon,
+    Source,
+    SourceRow,
+    StateStore,
+    StoredCheckpoint,
+)
 from azure_functions_db.core.position import Position
 from azure_functions_db.core.source_change import (
     COLUMNS_CHANGED_NOTE,
@@ -44,16 +54,6 @@ from azure_functions_db.errors import (
     SourceDefinitionError,
     TransientSourceError,
     TransientStoreError,
-)
-from azure_functions_db.ports import (
-    AcknowledgingSource,
-    BacklogSource,
-    ChangeSource,
-    Horizon,
-    Source,
-    SourceRow,
-    StateStore,
-    StoredCheckpoint,
 )
 
 logger = logging.getLogger(__name__)

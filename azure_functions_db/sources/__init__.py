@@ -1,4 +1,4 @@
-"""Sources: the adapters of the :class:`~azure_functions_db.ports.Source` port."""
+"""Sources: the adapters of the :class:`~azure_functions_db.core.ports.Source` port."""
 
 from azure_functions_db.sources._dialect_horizons import (
     MssqlRowversionHorizon,

@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import mssql
 
+from azure_functions_db.core.ports import HorizonHold
 from azure_functions_db.core.position import KeyValue
 from azure_functions_db.errors import ConfigurationError, SourceError
-from azure_functions_db.ports import HorizonHold
 from azure_functions_db.sources._values import column_kind, time_bound
 
 if TYPE_CHECKING:

@@ -24,10 +24,10 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.sql.elements import ColumnElement, TextClause
 
-from azure_functions_db.clock import SystemClock
 from azure_functions_db.core.batch import Change
 from azure_functions_db.core.checkpoint import SourceDescription
-from azure_functions_db.core.clock import Clock
+from azure_functions_db.core.clock import Clock, SystemClock
+from azure_functions_db.core.ports import Horizon, SourceHealth, SourceRow
 from azure_functions_db.core.position import CodecError, KeyValue, Position
 from azure_functions_db.errors import (
     AfdbError,
@@ -36,7 +36,6 @@ from azure_functions_db.errors import (
     SourceDefinitionError,
     SourceError,
 )
-from azure_functions_db.ports import Horizon, SourceHealth, SourceRow
 from azure_functions_db.sources import _collations as collations
 from azure_functions_db.sources import _config as config
 from azure_functions_db.sources import _engine as engines

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from azure_functions_db.core.checkpoint import PollerKey, SourceDescription, StaleFenceError
 from azure_functions_db.core.engine import Engine
 from azure_functions_db.core.logs import log_event
+from azure_functions_db.core.ports import Horizon, Source, SourceHealth, SourceRow, StateStore
 from azure_functions_db.core.position import KeyValue, Position
 from azure_functions_db.errors import FenceBehindCheckpointError, SourceError
 from azure_functions_db.poller import PollerDefinition, default_owner
-from azure_functions_db.ports import Horizon, Source, SourceHealth, SourceRow, StateStore
 from azure_functions_db.spark.records import ChunkRange, chunk_key, chunk_range
 
 logger = logging.getLogger(__name__)

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from azure_functions_db.core.logs import log_event
+from azure_functions_db.core.ports import StateStore
 from azure_functions_db.core.position import KeyValue, Position
 from azure_functions_db.errors import AfdbError, ConfigurationError
 from azure_functions_db.poller import STATE_DIR_SETTING, PollerDefinition
-from azure_functions_db.ports import StateStore
 from azure_functions_db.spark.chunk import ChunkResult
 from azure_functions_db.spark.plan import parse_bounds, prepare_run
 from azure_functions_db.spark.records import ChunkRange, RunRecord, check_run_id, chunk_key

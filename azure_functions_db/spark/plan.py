@@ -31,6 +31,7 @@ from sqlalchemy import exc as sa_exc
 
 from azure_functions_db.core.checkpoint import Checkpoint, SeekAudit
 from azure_functions_db.core.logs import log_event
+from azure_functions_db.core.ports import BacklogSource, Horizon, Source, StateStore
 from azure_functions_db.core.position import KeyValue, Position
 from azure_functions_db.errors import (
     ConfigurationError,
@@ -39,7 +40,6 @@ from azure_functions_db.errors import (
 )
 from azure_functions_db.operations import move_checkpoint
 from azure_functions_db.poller import PollerDefinition
-from azure_functions_db.ports import BacklogSource, Horizon, Source, StateStore
 from azure_functions_db.sources import SqlSource
 from azure_functions_db.sources._keyset import after_predicate, bound_value, upto_predicate
 from azure_functions_db.spark.records import (

@@ -14,9 +14,9 @@ Importing this package needs ``pytest`` (a test dependency, not a runtime one).
 
 from __future__ import annotations
 
-from azure_functions_db.core.clock import FakeClock
 from azure_functions_db.state.memory import MemoryStateStore
 from azure_functions_db.testing._harness import GARBAGE
+from azure_functions_db.testing.clock import FakeClock
 from azure_functions_db.testing.state_contract import StateStoreContract
 
 __all__ = ["GARBAGE", "FakeClock", "MemoryStateStore", "StateStoreContract"]
