@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from azure_functions_db.core.checkpoint import Checkpoint, StaleFenceError
+from azure_functions_db.core.checkpoint import Checkpoint
 from azure_functions_db.core.logs import log_event
 from azure_functions_db.core.ports import BacklogSource, Horizon, StateStore
 from azure_functions_db.core.position import KeyValue, Position
@@ -20,6 +20,7 @@ from azure_functions_db.errors import (
     CheckpointCorruptError,
     FenceBehindCheckpointError,
     LeaseHeldError,
+    StaleFenceError,
 )
 from azure_functions_db.poller import PollerDefinition
 

@@ -52,7 +52,7 @@ def run_one(definition: PollerDefinition, settings: Mapping[str, str]) -> RunOut
             error=str(exc),
         )
     except Exception as exc:
-        error = UnexpectedRunError(definition.name, exc)
+        error = UnexpectedRunError(definition.name, exc, definition.config.namespace)
         error.__cause__ = exc
         logger.exception(
             "action=run_failed poller=%s namespace=%s error=%s",

@@ -24,8 +24,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql
 
 from azure_functions_db.core.ports import Horizon
-from azure_functions_db.core.position import CodecError, KeyValue, decode_value, encode_value
-from azure_functions_db.errors import ConfigurationError
+from azure_functions_db.core.position import KeyValue, decode_value, encode_value
+from azure_functions_db.errors import CodecError, ConfigurationError
 from azure_functions_db.sources import (
     LagHorizon,
     MssqlRowversionHorizon,

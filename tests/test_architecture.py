@@ -93,3 +93,48 @@ def test_modules_stay_small():
         if (n := len(p.read_text().splitlines())) > 500
     ]
     assert big == []
+
+
+def test_every_error_class_lives_in_errors_py():
+    """Public errors, that is: a module may keep a private control-flow exception."""
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.name == "errors.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ClassDef) or node.name.startswith("_"):
+                continue
+            bases = [
+                b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases
+            ]
+            if any(b.endswith(("Error", "Exception", "Unavailable")) for b in bases):
+                offenders.append(f"{path.relative_to(PACKAGE)}:{node.name}")
+    assert offenders == []
+
+
+def _poller_errors() -> list[Exception]:
+    from azure_functions_db import errors as e
+
+    return [
+        e.CheckpointConflictError("p", "n", expected_etag="a", found_etag="b"),
+        e.RecordExistsError("p", "n"),
+        e.CheckpointCorruptError("p", "n", "x"),
+        e.PositionRegressionError("p", "1", "2", "n"),
+        e.LeaseLostError("p", "n", 1),
+        e.FenceBehindCheckpointError("p", "n", 1, 2),
+        e.LeaseHeldError("p", "n", None),
+        e.HandlerError("p", "n", 1, 1),
+        e.PoisonBatchError("p", "n", 5, 1),
+        e.UnexpectedRunError("p", RuntimeError("x"), "n"),
+        e.StaleFenceError("p", "n", stored=2, mine=1),
+        e.PositionNotForwardError("p", "n", stored=None, proposed="b", read_after=None),
+    ]
+
+
+@pytest.mark.parametrize("error", _poller_errors(), ids=lambda e: type(e).__name__)
+def test_an_error_about_a_poller_carries_it_on_the_one_base(error):
+    from azure_functions_db.errors import AfdbError
+
+    assert isinstance(error, AfdbError)
+    assert (error.poller, error.namespace) == ("p", "n")
+    assert "`p`" in str(error) or "n/p" in str(error)

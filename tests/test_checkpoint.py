@@ -11,13 +11,12 @@ import pytest
 from azure_functions_db.core.checkpoint import (
     Checkpoint,
     PollerKey,
-    PositionNotForwardError,
     SourceDescription,
-    StaleFenceError,
     decode_checkpoint,
     encode_checkpoint,
 )
-from azure_functions_db.core.position import CodecError, Position
+from azure_functions_db.core.position import Position
+from azure_functions_db.errors import CodecError, PositionNotForwardError, StaleFenceError
 
 KEY = PollerKey("live", "orders")
 AT = dt.datetime(2026, 11, 21, 10, 0, tzinfo=dt.UTC)

@@ -15,12 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
 from azure_functions_db.core.batch import Batch, Change
-from azure_functions_db.core.checkpoint import (
-    Checkpoint,
-    PositionNotForwardError,
-    SourceDescription,
-    StaleFenceError,
-)
+from azure_functions_db.core.checkpoint import Checkpoint, SourceDescription
 from azure_functions_db.core.clock import Clock
 from azure_functions_db.core.config import PollerConfig as PollerConfig  # noqa: PLC0414 - re-export
 from azure_functions_db.core.handler import HANDLER_LOOP, check_handler, check_result
@@ -49,9 +44,11 @@ from azure_functions_db.errors import (
     FenceBehindCheckpointError,
     HandlerError,
     PoisonBatchError,
+    PositionNotForwardError,
     PositionRegressionError,
     RecordExistsError,
     SourceDefinitionError,
+    StaleFenceError,
     TransientSourceError,
     TransientStoreError,
 )
@@ -387,7 +384,7 @@ class Engine:
             )
         except PositionNotForwardError as exc:
             raise PositionRegressionError(
-                cfg.key.poller, str(exc.stored), str(exc.proposed)
+                cfg.key.poller, str(exc.stored), str(exc.proposed), cfg.namespace
             ) from exc
         new_etag: str | None
         try:

@@ -33,7 +33,7 @@ from sqlalchemy.dialects import mssql
 
 from azure_functions_db.core.ports import HorizonHold
 from azure_functions_db.core.position import KeyValue
-from azure_functions_db.errors import ConfigurationError, SourceError
+from azure_functions_db.errors import ConfigurationError, HorizonUnavailable
 from azure_functions_db.sources._values import column_kind, time_bound
 
 if TYPE_CHECKING:
@@ -141,17 +141,6 @@ INNODB_TRX_CACHE_IDLE = 0.15
 SQLITE_NOW_SQL = sa.text("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")
 
 MSSQL_ROWVERSION_SQL = sa.text("SELECT MIN_ACTIVE_ROWVERSION()")
-
-
-class HorizonUnavailable(SourceError):
-    """The safe horizon cannot be computed (missing privilege, standby server, wrong cursor).
-
-    ``reason`` says why and how to fix it; ``auto`` falls back to ``lag`` on it.
-    """
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 def apply_lag(bound: KeyValue | None, source: SqlSource, now: dt.datetime) -> KeyValue | None:

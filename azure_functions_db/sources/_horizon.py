@@ -21,11 +21,10 @@ from sqlalchemy.dialects import mssql
 
 from azure_functions_db.core.ports import HorizonHold
 from azure_functions_db.core.position import KeyValue
-from azure_functions_db.errors import ConfigurationError
+from azure_functions_db.errors import ConfigurationError, HorizonUnavailable
 from azure_functions_db.sources._dialect_horizons import (
     DEFAULT_SETTLE,
     TIME_KINDS,
-    HorizonUnavailable,
     MssqlRowversionHorizon,
     MysqlTrxHorizon,
     PgSnapshotHorizon,

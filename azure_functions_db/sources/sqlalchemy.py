@@ -28,9 +28,10 @@ from azure_functions_db.core.batch import Change
 from azure_functions_db.core.checkpoint import SourceDescription
 from azure_functions_db.core.clock import Clock, SystemClock
 from azure_functions_db.core.ports import Horizon, SourceHealth, SourceRow
-from azure_functions_db.core.position import CodecError, KeyValue, Position
+from azure_functions_db.core.position import KeyValue, Position
 from azure_functions_db.errors import (
     AfdbError,
+    CodecError,
     ConfigurationError,
     NullCursorError,
     SourceDefinitionError,

@@ -17,12 +17,12 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from azure_functions_db.core.checkpoint import PollerKey, SourceDescription, StaleFenceError
+from azure_functions_db.core.checkpoint import PollerKey, SourceDescription
 from azure_functions_db.core.engine import Engine
 from azure_functions_db.core.logs import log_event
 from azure_functions_db.core.ports import Horizon, Source, SourceHealth, SourceRow, StateStore
 from azure_functions_db.core.position import KeyValue, Position
-from azure_functions_db.errors import FenceBehindCheckpointError, SourceError
+from azure_functions_db.errors import FenceBehindCheckpointError, SourceError, StaleFenceError
 from azure_functions_db.poller import PollerDefinition, default_owner
 from azure_functions_db.spark.records import ChunkRange, chunk_key, chunk_range
 

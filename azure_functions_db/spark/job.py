@@ -22,7 +22,7 @@ from typing import Any
 from azure_functions_db.core.logs import log_event
 from azure_functions_db.core.ports import StateStore
 from azure_functions_db.core.position import KeyValue, Position
-from azure_functions_db.errors import AfdbError, ConfigurationError
+from azure_functions_db.errors import BackfillError, ConfigurationError
 from azure_functions_db.poller import STATE_DIR_SETTING, PollerDefinition
 from azure_functions_db.spark.chunk import ChunkResult
 from azure_functions_db.spark.plan import parse_bounds, prepare_run
@@ -30,14 +30,6 @@ from azure_functions_db.spark.records import ChunkRange, RunRecord, check_run_id
 from azure_functions_db.spark.task import ChunkTask, app_settings, run_chunk_task
 
 logger = logging.getLogger(__name__)
-
-
-class BackfillError(AfdbError):
-    """A backfill's Spark job failed; finished chunks keep their checkpoints.
-
-    Fix the cause (the message names the first error a task raised) and rerun with the same
-    ``--run-id``: finished chunks are skipped, the others resume from their checkpoints.
-    """
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ from azure_functions_db.core.checkpoint import (
     Checkpoint,
     CheckpointStats,
     PollerKey,
-    PositionNotForwardError,
     SeekAudit,
     SourceDescription,
     encode_checkpoint,
@@ -23,6 +22,7 @@ from azure_functions_db.core.position import Position
 from azure_functions_db.errors import (
     CheckpointConflictError,
     CheckpointCorruptError,
+    PositionNotForwardError,
     RecordExistsError,
 )
 from azure_functions_db.testing._harness import (

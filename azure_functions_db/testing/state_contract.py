@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import pytest
 
-from azure_functions_db.core.checkpoint import Checkpoint, PollerKey, StaleFenceError
+from azure_functions_db.core.checkpoint import Checkpoint, PollerKey
 from azure_functions_db.core.ports import StateStore, StoredCheckpoint
 from azure_functions_db.core.position import Position
-from azure_functions_db.errors import CheckpointConflictError
+from azure_functions_db.errors import CheckpointConflictError, StaleFenceError
 from azure_functions_db.testing._harness import SOURCE, checkpoint_for
 from azure_functions_db.testing.checkpoint_contract import CheckpointStoreContract
 from azure_functions_db.testing.clock import FakeClock
