@@ -11,16 +11,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from azure_functions_db.core.checkpoint import Checkpoint
+from azure_functions_db.core.claim import Claimer
 from azure_functions_db.core.logs import log_event
 from azure_functions_db.core.ports import BacklogSource, Horizon, StateStore
 from azure_functions_db.core.position import KeyValue, Position
+from azure_functions_db.core.retry import Retrying
 from azure_functions_db.errors import (
     AfdbError,
     CheckpointCorruptError,
-    FenceBehindCheckpointError,
     LeaseHeldError,
-    StaleFenceError,
 )
 from azure_functions_db.poller import PollerDefinition
 
@@ -265,32 +264,40 @@ def move_checkpoint(
 ) -> tuple[int, Position | None, Position | None]:
     """Move the poller's checkpoint to ``to`` under its lease, by compare-and-set, audited.
 
-    Creates the record if there is none. With ``unless_positioned``, a record that already has a
-    position is left as it is. Returns the lease's fence, the position before and the position
-    after. Raises :class:`LeaseHeldError` while a run holds the lease, and
+    The same claim as a run (:class:`~azure_functions_db.core.claim.Claimer`): acquire the
+    lease, fence the checkpoint (creating it if there is none), write by compare-and-set with
+    the run's retries, release. With ``unless_positioned``, a record that already has a position
+    keeps it. Returns the lease's fence, the position before and the position after. Raises
+    :class:`LeaseHeldError` while a run holds the lease, and
     :class:`FenceBehindCheckpointError` when the record's fence is ahead of the lease's.
     """
     cfg, source = definition.config, definition.source
-    grant = store.acquire(cfg.key, owner, cfg.lease_duration)
-    if grant is None:
-        raise LeaseHeldError(cfg.name, cfg.namespace, store.inspect(cfg.key).holder)
-    try:
-        at = now if now is not None else definition.clock.now()
-        stored = store.read(cfg.key)
-        empty = Checkpoint(key=cfg.key, source=source.description)
-        current = stored.checkpoint if stored else empty
+
+    def log(level: int, action: str, **fields: object) -> None:
+        log_event(logger, level, action, poller=cfg.name, namespace=cfg.namespace, **fields)
+
+    claimer = Claimer(
+        store,
+        cfg.key,
+        owner=owner,
+        duration=cfg.lease_duration,
+        clock=definition.clock,
+        retrying=Retrying(
+            retries=cfg.infra_retries, delay=cfg.retry_delay, clock=definition.clock, log=log
+        ),
+        log=log,
+    )
+    with claimer.hold(source.description) as claim:
+        if claim is None:
+            raise LeaseHeldError(cfg.name, cfg.namespace, store.inspect(cfg.key).holder)
+        current = claim.checkpoint
         before = current.position
         if unless_positioned and before is not None:
-            return grant.fence, before, before
-        moved = current.sought(
-            to, fence=grant.fence, by=by, at=at, reason=reason, source=source.description
+            return claim.fence, before, before
+        at = now if now is not None else definition.clock.now()
+        claim.write(
+            current.sought(
+                to, fence=claim.fence, by=by, at=at, reason=reason, source=source.description
+            )
         )
-        if stored is None:
-            store.create(moved)
-        else:
-            store.replace(moved, stored.etag)
-        return grant.fence, before, to
-    except StaleFenceError as exc:
-        raise FenceBehindCheckpointError(cfg.name, cfg.namespace, grant.fence, exc.stored) from exc
-    finally:
-        store.release(grant)
+        return claim.fence, before, to

@@ -138,3 +138,18 @@ def test_an_error_about_a_poller_carries_it_on_the_one_base(error):
     assert isinstance(error, AfdbError)
     assert (error.poller, error.namespace) == ("p", "n")
     assert "`p`" in str(error) or "n/p" in str(error)
+
+
+def test_the_claim_sequence_exists_once():
+    """Acquire -> fence -> compare-and-set is ``core/claim.py``; the engine, ``seek``, the
+    backfill's live seed and its chunks' done markers all go through it."""
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE)
+        if rel.parts[0] in ("state", "testing") or rel.as_posix() == "core/claim.py":
+            continue
+        text = path.read_text()
+        offenders.extend(
+            f"{rel}: {c}" for c in (".acquire(", ".fenced(", "LeaseKeeper(") if c in text
+        )
+    assert offenders == []

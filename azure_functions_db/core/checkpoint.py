@@ -216,7 +216,7 @@ class Checkpoint:
         ``source`` is the definition the new position belongs to: after a seek the poller
         continues under it, which is how an operator adopts a changed cursor or key.
         """
-        if fence <= self.fence:  # a seek is a claim by a new grant, like `fenced`
+        if fence < self.fence:  # written under a claim that fenced the record first
             raise StaleFenceError(
                 self.key.poller, self.key.namespace, stored=self.fence, mine=fence
             )
