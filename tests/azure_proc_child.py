@@ -29,7 +29,7 @@ import azure_proc_app as app
 from azure_functions_db.core.clock import Clock, SystemClock
 from azure_functions_db.core.engine import Engine
 from azure_functions_db.errors import AfdbError
-from azure_functions_db.poller import default_owner
+from azure_functions_db.runtime.poller import default_owner
 
 
 class FrozenMonotonicClock(SystemClock):

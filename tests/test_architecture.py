@@ -78,8 +78,9 @@ def test_adapters_do_not_import_the_layers_above(folder):
         "azure_functions_db.functions",
         "azure_functions_db.cli",
         "azure_functions_db.spark",
-        "azure_functions_db.poller",
-        "azure_functions_db.operations",
+        "azure_functions_db.runtime",
+        "azure_functions_db.ops",
+        "azure_functions_db.observers",
     )
     for path in modules(folder):
         for name in imports_of(path):
@@ -153,3 +154,22 @@ def test_the_claim_sequence_exists_once():
             f"{rel}: {c}" for c in (".acquire(", ".fenced(", "LeaseKeeper(") if c in text
         )
     assert offenders == []
+
+
+def test_the_top_level_is_grouped_by_role():
+    """Only the public surface, the error module and the CLI entry points sit at the top; every
+    other module lives in the package of its role."""
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert top == ["__init__.py", "__main__.py", "cli.py", "errors.py"]
+    roles = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert roles == [
+        "core",
+        "functions",
+        "observers",
+        "ops",
+        "runtime",
+        "sources",
+        "spark",
+        "state",
+        "testing",
+    ]

@@ -34,8 +34,8 @@ from azure_functions_db.errors import (
     TransientSourceError,
     TransientStoreError,
 )
-from azure_functions_db.operations import seek
-from azure_functions_db.poller import PollerDefinition
+from azure_functions_db.ops.seek import seek
+from azure_functions_db.runtime.poller import PollerDefinition
 from azure_functions_db.sources.sqlalchemy import SqlSource
 from azure_functions_db.state.local import LocalStateStore
 from azure_functions_db.state.memory import MemoryStateStore

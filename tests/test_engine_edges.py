@@ -25,8 +25,8 @@ from azure_functions_db.errors import (
     SourceDefinitionError,
     UnexpectedRunError,
 )
-from azure_functions_db.poller import PollerDefinition
-from azure_functions_db.runner import run_one
+from azure_functions_db.runtime.poller import PollerDefinition
+from azure_functions_db.runtime.runner import run_one
 from azure_functions_db.sources.sqlalchemy import SqlSource
 from azure_functions_db.spark.records import chunk_key, run_key
 from azure_functions_db.state.memory import MemoryStateStore

@@ -301,7 +301,8 @@ class BacklogSource(Protocol):
     """A source that can count the rows still to read, cheaply and up to a cap (for metrics).
 
     Optional, and never on the delivery path: the engine does not call it. The OpenTelemetry
-    observer (:mod:`azure_functions_db.telemetry`) calls it at most once per run, after a run
+    observer (:mod:`azure_functions_db.observers.telemetry`) calls it at most once per run, after
+    a run
     that did not catch up, to report ``afdb.lag.rows_behind``.
     """
 

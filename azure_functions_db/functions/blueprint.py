@@ -21,7 +21,7 @@ from azure_functions_db.errors import (
     ConfigurationError,
 )
 from azure_functions_db.functions.retry import FunctionsRetry
-from azure_functions_db.poller import PollerDefinition, validate_schedule
+from azure_functions_db.runtime.poller import PollerDefinition, validate_schedule
 
 logger = logging.getLogger(__name__)
 

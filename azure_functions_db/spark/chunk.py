@@ -24,7 +24,7 @@ from azure_functions_db.core.logs import log_event
 from azure_functions_db.core.ports import Horizon, Source, SourceHealth, SourceRow, StateStore
 from azure_functions_db.core.position import KeyValue, Position
 from azure_functions_db.errors import SourceError
-from azure_functions_db.poller import PollerDefinition, default_owner
+from azure_functions_db.runtime.poller import PollerDefinition, default_owner
 from azure_functions_db.spark.records import ChunkRange, chunk_key, chunk_range
 
 logger = logging.getLogger(__name__)

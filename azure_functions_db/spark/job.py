@@ -23,7 +23,7 @@ from azure_functions_db.core.logs import log_event
 from azure_functions_db.core.ports import StateStore
 from azure_functions_db.core.position import KeyValue, Position
 from azure_functions_db.errors import BackfillError, ConfigurationError
-from azure_functions_db.poller import STATE_DIR_SETTING, PollerDefinition
+from azure_functions_db.runtime.poller import STATE_DIR_SETTING, PollerDefinition
 from azure_functions_db.spark.chunk import ChunkResult
 from azure_functions_db.spark.plan import parse_bounds, prepare_run
 from azure_functions_db.spark.records import ChunkRange, RunRecord, check_run_id, chunk_key
@@ -167,7 +167,7 @@ def backfill(
         if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
             raise ConfigurationError(f"`partitions={partitions!r}` must be a positive integer.")
         lo, hi = parse_bounds(source, start, end)
-        from azure_functions_db.operations import operator_identity
+        from azure_functions_db.ops.seek import operator_identity
 
         record, chunks = prepare_run(
             definition,
@@ -260,7 +260,7 @@ def _resolve(
     app: str | os.PathLike[str] | PollerDefinition, poller: str | None
 ) -> tuple[str, PollerDefinition]:
     """The importable app spec for the executors, and the poller's definition on the driver."""
-    from azure_functions_db.loader import load_pollers
+    from azure_functions_db.runtime.loader import load_pollers
 
     if isinstance(app, PollerDefinition):
         module = sys.modules.get(getattr(app.handler, "__module__", "") or "")

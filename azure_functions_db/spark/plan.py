@@ -38,8 +38,8 @@ from azure_functions_db.errors import (
     RecordExistsError,
     SourceError,
 )
-from azure_functions_db.operations import move_checkpoint
-from azure_functions_db.poller import PollerDefinition
+from azure_functions_db.ops.seek import move_checkpoint
+from azure_functions_db.runtime.poller import PollerDefinition
 from azure_functions_db.sources import SqlSource
 from azure_functions_db.sources._keyset import after_predicate, bound_value, upto_predicate
 from azure_functions_db.spark.records import (

@@ -23,7 +23,7 @@ from azure_functions_db.core.logs import log_event
 from azure_functions_db.core.ports import Source, StateStore
 from azure_functions_db.core.settings import setting_value
 from azure_functions_db.errors import ConfigurationError
-from azure_functions_db.telemetry import metrics_observer
+from azure_functions_db.observers.telemetry import metrics_observer
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +142,8 @@ class PollerDefinition:
         """The engine for this poller, made once per process.
 
         It records OpenTelemetry metrics when ``opentelemetry-api`` is installed, unless the
-        setting ``AFDB_OTEL_METRICS`` is ``false`` (see :mod:`azure_functions_db.telemetry`).
+        setting ``AFDB_OTEL_METRICS`` is ``false`` (see
+        :mod:`azure_functions_db.observers.telemetry`).
         """
         with self._lock:
             if self._engine is None:

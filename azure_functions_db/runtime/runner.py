@@ -14,7 +14,7 @@ from azure_functions_db.core.clock import Clock
 from azure_functions_db.core.engine import RunReport
 from azure_functions_db.core.logs import log_event
 from azure_functions_db.errors import AfdbError, UnexpectedRunError
-from azure_functions_db.poller import PollerDefinition, resolve_schedule
+from azure_functions_db.runtime.poller import PollerDefinition, resolve_schedule
 
 logger = logging.getLogger(__name__)
 
