@@ -173,3 +173,80 @@ def test_the_top_level_is_grouped_by_role():
         "state",
         "testing",
     ]
+
+
+def _imported_names(path: Path) -> list[str]:
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.extend(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+    return [n for n in names if n.startswith("azure_functions_db.")]
+
+
+def test_no_module_imports_another_packages_private_module():
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE)
+        home = rel.parts[0] if len(rel.parts) > 1 else ""
+        for name in _imported_names(path):
+            parts = name.split(".")[1:]
+            private = any(p.startswith("_") and not p.startswith("__") for p in parts)
+            if private and parts[0] != home:
+                offenders.append(f"{rel} imports {name}")
+    assert offenders == []
+
+
+def test_the_package_has_no_import_cycle():
+    """Module-level imports between the package's modules form no cycle (lazy imports inside
+    functions, which break cycles on purpose, are not counted)."""
+    graph: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE).with_suffix("")
+        module = ".".join(("azure_functions_db", *rel.parts)).removesuffix(".__init__")
+        tree = ast.parse(path.read_text(), str(path))
+        deps: set[str] = set()
+        for node in tree.body:  # top level only
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                deps.add(node.module)
+                deps.update(f"{node.module}.{a.name}" for a in node.names)
+            elif isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names)
+        graph[module] = {d for d in deps if d.startswith("azure_functions_db")}
+    modules = set(graph)
+    edges = {m: {d for d in deps if d in modules and d != m} for m, deps in graph.items()}
+    # Importing a submodule imports its packages first, but a package's own __init__ importing
+    # its children is not a cycle with them: drop child -> ancestor-package edges.
+    for m, deps in edges.items():
+        edges[m] = {d for d in deps if not m.startswith(d + ".")}
+    cycle = find_cycle(edges)
+    assert cycle is None, " -> ".join(cycle or [])
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the directed graph ``edges`` (as a path back to its start), or ``None``."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for dep in sorted(edges.get(node, ())):
+            if state.get(dep) == 1:
+                return [*stack[stack.index(dep) :], dep]
+            if dep not in state and (found := visit(dep)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle_and_no_false_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None

@@ -35,8 +35,8 @@ from azure_functions_db.errors import (
     TransientSourceError,
 )
 from azure_functions_db.sources import HorizonStrategy, LagHorizon, NoHorizon, SqlSource
-from azure_functions_db.sources._keyset import KeysetQuery, after_predicate
-from azure_functions_db.sources._values import parse_value
+from azure_functions_db.sources.keyset import KeysetQuery, after_predicate
+from azure_functions_db.sources.values import parse_value
 from azure_functions_db.testing.clock import FakeClock
 
 from .source_kit import NO_HORIZON, drain

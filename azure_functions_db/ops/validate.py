@@ -47,7 +47,7 @@ from azure_functions_db.ops.validate_horizon import (
 )
 from azure_functions_db.runtime.poller import PollerDefinition, resolve_schedule, setting_name
 from azure_functions_db.sources import SqlSource
-from azure_functions_db.sources._health import KeysetIndex, keyset_index
+from azure_functions_db.sources.health import KeysetIndex, keyset_index
 
 __all__ = [
     "CheckpointInfo",

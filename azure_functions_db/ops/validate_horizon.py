@@ -34,8 +34,8 @@ from azure_functions_db.sources import (
     PgXactStartHorizon,
     SqlSource,
 )
-from azure_functions_db.sources._keyset import bound_value, key_param
-from azure_functions_db.sources._values import column_kind
+from azure_functions_db.sources.keyset import bound_value, key_param
+from azure_functions_db.sources.values import column_kind
 
 __all__ = ["HorizonFinding", "Level", "describe_horizon", "key_problems", "lag_refused"]
 

@@ -28,8 +28,8 @@ from azure_functions_db.errors import (
     ConfigurationError,
     SourceDefinitionError,
 )
-from azure_functions_db.sources._keyset import RESERVED_PREFIX, KeysetQuery, text_filter
-from azure_functions_db.sources._values import column_kind, python_kind
+from azure_functions_db.sources.keyset import RESERVED_PREFIX, KeysetQuery, text_filter
+from azure_functions_db.sources.values import column_kind, python_kind
 
 PLACEHOLDER = re.compile(r"%([A-Za-z_][A-Za-z0-9_]*)%")
 _LISTED_TABLES = 10

@@ -34,7 +34,7 @@ from sqlalchemy.dialects import mssql
 from azure_functions_db.core.ports import HorizonHold
 from azure_functions_db.core.position import KeyValue
 from azure_functions_db.errors import ConfigurationError, HorizonUnavailable
-from azure_functions_db.sources._values import column_kind, time_bound
+from azure_functions_db.sources.values import column_kind, time_bound
 
 if TYPE_CHECKING:
     from azure_functions_db.sources.sqlalchemy import SqlSource

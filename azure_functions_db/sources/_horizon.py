@@ -32,7 +32,7 @@ from azure_functions_db.sources._dialect_horizons import (
     SqliteClockHorizon,
     pg_cursor_type,
 )
-from azure_functions_db.sources._values import column_kind, time_bound
+from azure_functions_db.sources.values import column_kind, time_bound
 
 if TYPE_CHECKING:
     from azure_functions_db.sources.sqlalchemy import SqlSource

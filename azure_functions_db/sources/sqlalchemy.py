@@ -40,10 +40,10 @@ from azure_functions_db.errors import (
 from azure_functions_db.sources import _collations as collations
 from azure_functions_db.sources import _config as config
 from azure_functions_db.sources import _engine as engines
-from azure_functions_db.sources import _health as health
 from azure_functions_db.sources import _lag as backlog
 from azure_functions_db.sources import _sqlite_times as sqlite_times
 from azure_functions_db.sources import _zones as zones
+from azure_functions_db.sources import health
 from azure_functions_db.sources._errors import translate
 from azure_functions_db.sources._horizon import (
     AutoHorizon,
@@ -51,9 +51,9 @@ from azure_functions_db.sources._horizon import (
     LagHorizon,
     NoHorizon,
 )
-from azure_functions_db.sources._keyset import KeysetQuery, deletion_test, picker
 from azure_functions_db.sources._rows import RowShape
-from azure_functions_db.sources._values import parse_cursor
+from azure_functions_db.sources.keyset import KeysetQuery, deletion_test, picker
+from azure_functions_db.sources.values import parse_cursor
 
 __all__ = ["AutoHorizon", "HorizonStrategy", "LagHorizon", "NoHorizon", "SqlSource"]
 

@@ -41,7 +41,7 @@ from azure_functions_db.errors import (
 from azure_functions_db.ops.seek import move_checkpoint
 from azure_functions_db.runtime.poller import PollerDefinition
 from azure_functions_db.sources import SqlSource
-from azure_functions_db.sources._keyset import after_predicate, bound_value, upto_predicate
+from azure_functions_db.sources.keyset import after_predicate, bound_value, upto_predicate
 from azure_functions_db.spark.records import (
     ChunkRange,
     RunRecord,
