@@ -251,7 +251,7 @@ class SqlSource:
                         self._clock.now(),
                         explicit=self._zone_given,
                     )
-            self._engine, self._query = engine, self._build(table, engine.dialect.name)
+            self._engine, self._query = engine, self._build(table, engine.dialect)
             names = tuple(column.name for column in self._query.selected)
             self._shape = RowShape(
                 names,
@@ -425,10 +425,11 @@ class SqlSource:
             self._table_name, self._schema, existing, self._masked_url
         ) from None
 
-    def _build(self, table: sa.Table, dialect: str) -> KeysetQuery:
+    def _build(self, table: sa.Table, dialect: sa.Dialect) -> KeysetQuery:
         return config.keyset_query(
             table,
-            dialect,
+            dialect.name,
+            driver=dialect.driver,
             cursor=self._cursor_names,
             pk=self._pk_names,
             columns=self._column_names,
