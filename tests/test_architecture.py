@@ -250,3 +250,15 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
 def test_the_cycle_finder_finds_a_cycle_and_no_false_one():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_the_architecture_page_matches_the_tree():
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    tree = page.split("```")[1]
+    for folder in sorted(p for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"):
+        assert f"  {folder.name}/" in tree, f"docs/architecture.md does not show {folder.name}/"
+        for module in folder.glob("*.py"):
+            public = not module.name.startswith("_")
+            assert not public or module.name in tree, f"{folder.name}/{module.name} not shown"
+    for module in PACKAGE.glob("*.py"):
+        assert module.name in tree or module.name == "__main__.py", module.name
