@@ -341,7 +341,7 @@ class _Validation:
         found = describe_horizon(
             horizon,
             dialect=sql.engine.dialect.name if sql else None,
-            lag=sql.lag if sql else None,
+            lag=sql.horizon_target().lag if sql else None,
             user=sql.engine.url.username if sql else None,
             lag_refused=lag_refused(sql) if sql else None,
         )

@@ -198,7 +198,7 @@ def lag_refused(source: SqlSource) -> str | None:
     """Why ``source`` refuses ``lag=`` (its lag horizon's own check at open), ``None`` if it
     takes one: the ``lag_refused`` of :func:`describe_horizon`."""
     try:
-        LagHorizon().prepare(source)
+        LagHorizon().prepare(source.horizon_target())
     except ConfigurationError:
         column = source.cursor_columns[0]
         return (

@@ -52,6 +52,7 @@ from azure_functions_db.sources._horizon import (
     NoHorizon,
 )
 from azure_functions_db.sources._rows import RowShape
+from azure_functions_db.sources._target import HorizonTarget
 from azure_functions_db.sources.keyset import KeysetQuery, deletion_test, picker
 from azure_functions_db.sources.values import parse_cursor
 
@@ -196,18 +197,8 @@ class SqlSource:
         )
 
     @property
-    def lag(self) -> dt.timedelta:
-        """How long a row must age before it is read (zero: no lag)."""
-        return self._lag
-
-    @property
-    def cursor_timezone(self) -> dt.tzinfo:
-        """The zone a naive date-time cursor holds wall-clock time in (UTC unless configured)."""
-        return self._zone
-
-    @property
     def engine(self) -> sa.Engine:
-        """The SQLAlchemy engine (for horizon strategies); raises if the source is not open."""
+        """The SQLAlchemy engine; raises if the source is not open."""
         self._require_open()
         assert self._engine is not None
         return self._engine
@@ -268,7 +259,7 @@ class SqlSource:
                 where=self._where_print,
                 columns=names,
             )
-            self._horizon.prepare(self)
+            self._horizon.prepare(self.horizon_target())
         except BaseException:
             self._engine = self._query = self._description = None
             engine.dispose()
@@ -286,7 +277,7 @@ class SqlSource:
         """The bound of the next batch, from the horizon strategy (the lag costs no query)."""
         self._require_open()
         with self._db_errors("horizon"):
-            bound = self._horizon.bound(self, self._clock.now())
+            bound = self._horizon.bound(self.horizon_target(), self._clock.now())
         return Horizon(
             bound=bound,
             method=self._horizon.name if bound is not None else "none",
@@ -374,8 +365,7 @@ class SqlSource:
         return SourceHealth(null_cursor_rows=null_rows, warnings=tuple(warnings))
 
     def describe_order(self) -> list[str]:
-        """How the database compares the key: text columns' collations, a naive cursor's
-        zones (for ``afdb validate``; the queries follow these rules already)."""
+        """How the database compares the key (collations, a naive cursor's zones): validate."""
         query = self._require_open()
         columns = [*query.cursor, *query.pk]
         with self._db_errors("describe"), self.engine.connect() as conn:
@@ -425,6 +415,16 @@ class SqlSource:
             self._table_name, self._schema, existing, self._masked_url
         ) from None
 
+    def horizon_target(self) -> HorizonTarget:
+        """What the horizon strategy is given of this source (and nothing else)."""
+        return HorizonTarget(
+            engine=self.engine,
+            cursor=self.cursor_columns[0],
+            zone=self._zone,
+            lag=self._lag,
+            table=self._qualified,
+        )
+
     def _build(self, table: sa.Table, dialect: sa.Dialect) -> KeysetQuery:
         return config.keyset_query(
             table,
@@ -472,8 +472,8 @@ class SqlSource:
 
     def _unstorable(self, exc: CodecError) -> SourceError:
         return SourceError(
-            f"A row of `{self._qualified}` has a cursor or key value that a checkpoint cannot "
-            f"hold: {exc}"
+            f"A row of `{self._qualified}` has a cursor or key value a checkpoint cannot hold: "
+            f"{exc}"
         )
 
     @contextmanager
