@@ -87,12 +87,14 @@ class TransientSourceError(SourceError):
 
 class HorizonUnavailable(SourceError):
     """The commit-safe horizon cannot be computed (missing privilege, standby server, cursor
-    type without one). ``reason`` says why and how to fix it; ``horizon="auto"`` falls back to
-    ``lag`` on it, once and loudly."""
+    type without one). ``reason`` says why and how to fix it; ``fix``, when one statement fixes
+    it, is that statement (a ``GRANT``); ``horizon="auto"`` falls back to ``lag`` on it, once and
+    loudly."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, fix: str | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.fix = fix
 
 
 class SourceDefinitionError(SourceError, ConfigurationError):

@@ -190,6 +190,7 @@ class Horizon:
     ``method`` names how ``bound`` was computed (``lag``, ``none``, ...), ``detail`` says why
     when the safe method was unavailable. ``hold``: the open transaction the bound waits for,
     when a commit-safe method found one (``None``: nothing holds it but the settle margin).
+    ``fix``: after a fallback, the one statement that restores the safe method (a ``GRANT``).
     """
 
     bound: KeyValue | None
@@ -197,6 +198,7 @@ class Horizon:
     detail: str = ""
     until: Position | None = None
     hold: HorizonHold | None = None
+    fix: str | None = None
 
 
 @dataclass(frozen=True)

@@ -67,8 +67,6 @@ _SAFE_METHODS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "needs no privilege",
     ),
 }
-# The dialect horizons end their reasons with "fix: `GRANT ...`"; the statement becomes `fix`.
-_GRANT = re.compile(r"fix: `(GRANT [^`]+)`")
 # The source's "no commit-safe horizon" reason offers `lag=` whatever the cursor; that offer (and
 # a "fix:" it leaves empty) is dropped for a cursor the source refuses a lag on.
 _LAG_FIX = re.compile(r"(?:,? or )?set `lag=` longer than your longest write transaction")
@@ -107,8 +105,7 @@ def describe_horizon(
         horizon = replace(horizon, detail=detail)
     safe = _SAFE_METHODS.get(horizon.method)
     lag_text = f"lag={lag.total_seconds():g}s" if lag else "lag=0"
-    grant = _GRANT.search(horizon.detail) if horizon.detail else None
-    fix = grant.group(1) if grant else None
+    fix = horizon.fix
     if safe is not None:
         what, privileges, needs = safe
         granted = needs.format(user=f"`{user}`" if user else "the connection")

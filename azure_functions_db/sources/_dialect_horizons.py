@@ -270,9 +270,11 @@ class PgXactStartHorizon:
             row = conn.execute(PG_XACT_START_SQL).one()
         if not row.sees_all:
             user = target.engine.url.username or "the role"
+            grant = f"GRANT pg_read_all_stats TO {user}"
             raise HorizonUnavailable(
                 f"role `{user}` cannot see other sessions' transactions in pg_stat_activity; "
-                f"fix: `GRANT pg_read_all_stats TO {user}`"
+                f"fix: `{grant}`",
+                fix=grant,
             )
         if row.standby:
             raise HorizonUnavailable(
@@ -350,9 +352,10 @@ class MysqlTrxHorizon:
             message = str(exc.orig).lower()
             if "access denied" in message or "process privilege" in message:
                 user = target.engine.url.username or "the user"
+                grant = f"GRANT PROCESS ON *.* TO {user}"
                 raise HorizonUnavailable(
-                    f"user `{user}` may not read information_schema.innodb_trx; fix: "
-                    f"`GRANT PROCESS ON *.* TO {user}`"
+                    f"user `{user}` may not read information_schema.innodb_trx; fix: `{grant}`",
+                    fix=grant,
                 ) from exc
             raise
         utc_now: dt.datetime = row.utc_now

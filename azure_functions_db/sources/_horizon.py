@@ -140,6 +140,7 @@ class AutoHorizon:
     def __init__(self, settle: dt.timedelta = DEFAULT_SETTLE) -> None:
         self.name = "auto"
         self.detail = ""
+        self.fix: str | None = None  # after a fallback: the statement that restores the method
         self.settle = settle
         self.chosen: HorizonStrategy | None = None
         self._warned = False
@@ -179,7 +180,7 @@ class AutoHorizon:
             try:
                 safe.safe_bound(target)
             except HorizonUnavailable as exc:
-                self._fall_back(target, exc.reason)
+                self._fall_back(target, exc.reason, exc.fix)
                 return
         self._choose(target, safe, "")
 
@@ -191,7 +192,7 @@ class AutoHorizon:
         try:
             return self.chosen.bound(target, now)
         except HorizonUnavailable as exc:
-            self._fall_back(target, exc.reason)
+            self._fall_back(target, exc.reason, exc.fix)
             return self.chosen.bound(target, now)
 
     @property
@@ -203,9 +204,9 @@ class AutoHorizon:
     def _choose(self, target: HorizonTarget, strategy: HorizonStrategy, detail: str) -> None:
         if detail == "":
             strategy.prepare(target)
-        self.chosen, self.name, self.detail = strategy, strategy.name, detail
+        self.chosen, self.name, self.detail, self.fix = strategy, strategy.name, detail, None
 
-    def _fall_back(self, target: HorizonTarget, reason: str) -> None:
+    def _fall_back(self, target: HorizonTarget, reason: str, fix: str | None = None) -> None:
         fallback = _baseline(target)
         fallback.prepare(target)
         margin = f"lag={target.lag.total_seconds():g}s" if target.lag else "no horizon (lag=0)"
@@ -221,7 +222,7 @@ class AutoHorizon:
                 fallback.name,
                 detail,
             )
-        self.chosen, self.name, self.detail = fallback, fallback.name, detail
+        self.chosen, self.name, self.detail, self.fix = fallback, fallback.name, detail, fix
 
     def __repr__(self) -> str:
         return f"AutoHorizon(settle={self.settle!r})"

@@ -283,6 +283,7 @@ class SqlSource:
             method=self._horizon.name if bound is not None else "none",
             detail=getattr(self._horizon, "detail", ""),
             hold=getattr(self._horizon, "hold", None),
+            fix=getattr(self._horizon, "fix", None),
         )
 
     def fetch(self, after: Position | None, limit: int, horizon: Horizon) -> Sequence[SourceRow]:
