@@ -126,7 +126,7 @@ def _stderr() -> Console:
 
 
 def _select(app: str, names: Sequence[str] | None) -> list[Any]:
-    from azure_functions_db.loader import load_pollers
+    from azure_functions_db.runtime.loader import load_pollers
 
     pollers = load_pollers(app)
     if not names:
@@ -140,14 +140,14 @@ def _select(app: str, names: Sequence[str] | None) -> list[Any]:
 
 
 def _demo(args: argparse.Namespace, console: Console) -> int:
-    from azure_functions_db.demo import run_demo
+    from azure_functions_db.ops.demo import run_demo
 
     return EXIT_OK if run_demo(args.dir, console) else EXIT_FAILED
 
 
 def _run(args: argparse.Namespace, console: Console) -> int:
-    from azure_functions_db.clock import SystemClock
-    from azure_functions_db.runner import RunOutcome, run_one, run_scheduled
+    from azure_functions_db.core.clock import SystemClock
+    from azure_functions_db.runtime.runner import RunOutcome, run_one, run_scheduled
 
     pollers = _select(args.app, args.poller)
     settings = dict(os.environ)
@@ -224,7 +224,7 @@ def _show_handler_error(error: AfdbError, *, verbose: bool) -> None:
 
 
 def _status(args: argparse.Namespace, console: Console) -> int:
-    from azure_functions_db.operations import backfill_statuses, poller_status
+    from azure_functions_db.ops.status import backfill_statuses, poller_status
 
     settings = dict(os.environ)
     statuses = []
@@ -276,7 +276,7 @@ def _status(args: argparse.Namespace, console: Console) -> int:
 
 
 def _seek(args: argparse.Namespace, console: Console) -> int:
-    from azure_functions_db.operations import SeekTarget, seek
+    from azure_functions_db.ops.seek import SeekTarget, seek
 
     (definition,) = _select(args.app, [args.poller])
     settings = dict(os.environ)
@@ -312,7 +312,7 @@ _LEVEL_STYLE = {"ok": "green", "warning": "yellow", "error": "red"}
 
 
 def _validate(args: argparse.Namespace, console: Console) -> int:
-    from azure_functions_db.validate import validate_app
+    from azure_functions_db.ops.validate import validate_app
 
     # The report shows every finding; the library's own WARNING lines (NULL cursors, missing
     # index, horizon fallback) would only repeat them on stderr. `-v` shows them too.

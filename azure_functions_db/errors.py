@@ -9,7 +9,18 @@ from __future__ import annotations
 
 
 class AfdbError(Exception):
-    """Base class of every error raised by azure-functions-db."""
+    """Base class of every error raised by azure-functions-db.
+
+    ``poller`` and ``namespace`` name the poller an error is about, or are ``None`` when it is
+    about no single poller (most configuration errors).
+    """
+
+    def __init__(
+        self, message: str = "", *, poller: str | None = None, namespace: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.poller = poller
+        self.namespace = namespace
 
 
 class ConfigurationError(AfdbError, ValueError):
@@ -74,6 +85,18 @@ class TransientSourceError(SourceError):
     """
 
 
+class HorizonUnavailable(SourceError):
+    """The commit-safe horizon cannot be computed (missing privilege, standby server, cursor
+    type without one). ``reason`` says why and how to fix it; ``fix``, when one statement fixes
+    it, is that statement (a ``GRANT``); ``horizon="auto"`` falls back to ``lag`` on it, once and
+    loudly."""
+
+    def __init__(self, reason: str, fix: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.fix = fix
+
+
 class SourceDefinitionError(SourceError, ConfigurationError):
     """The table, a column or the source definition does not match the database."""
 
@@ -131,8 +154,6 @@ class CheckpointConflictError(StateStoreError):
         found_fence: int | None = None,
         reason: str | None = None,
     ) -> None:
-        self.poller = poller
-        self.namespace = namespace
         self.expected_etag = expected_etag
         self.found_etag = found_etag
         self.fence = fence
@@ -150,7 +171,9 @@ class CheckpointConflictError(StateStoreError):
         self.reason = reason
         super().__init__(
             f"Checkpoint for poller `{poller}` (namespace `{namespace}`) was changed by another "
-            f"writer (expected etag `{expected_etag}`, found `{found_etag}`): {reason}."
+            f"writer (expected etag `{expected_etag}`, found `{found_etag}`): {reason}.",
+            poller=poller,
+            namespace=namespace,
         )
 
 
@@ -158,11 +181,11 @@ class RecordExistsError(StateStoreError):
     """A create-only write found a record already in place."""
 
     def __init__(self, poller: str, namespace: str) -> None:
-        self.poller = poller
-        self.namespace = namespace
         super().__init__(
             f"Checkpoint for poller `{poller}` (namespace `{namespace}`) already exists; "
-            "create-only writes never overwrite. Read it and write by etag instead."
+            "create-only writes never overwrite. Read it and write by etag instead.",
+            poller=poller,
+            namespace=namespace,
         )
 
 
@@ -175,14 +198,60 @@ class CheckpointCorruptError(StateStoreError):
     """
 
     def __init__(self, poller: str, namespace: str, detail: str) -> None:
-        self.poller = poller
-        self.namespace = namespace
         self.detail = detail
         super().__init__(
             f"Checkpoint for poller `{poller}` (namespace `{namespace}`) cannot be read: "
             f"{detail}. It was left untouched. Inspect it with `afdb status`, then restore it "
             "from a backup, or move the record aside and set the position with `afdb seek` "
-            "(`--beginning`, `--now` or `--cursor`), which writes a new record."
+            "(`--beginning`, `--now` or `--cursor`), which writes a new record.",
+            poller=poller,
+            namespace=namespace,
+        )
+
+
+class CodecError(AfdbError, ValueError):
+    """A value cannot be encoded into, or decoded from, a checkpoint (an unsupported type, or a
+    stored value whose tag is unknown). Sources refuse such a column when they open; a stored
+    one makes the checkpoint unreadable (:class:`CheckpointCorruptError`)."""
+
+
+class StaleFenceError(AfdbError):
+    """The stored checkpoint was written under a newer fence than the caller's: another owner
+    took the poller over. Raised by the checkpoint's rules; the engine turns it into a lost
+    lease, the operator commands into a refusal."""
+
+    def __init__(self, poller: str, namespace: str, *, stored: int, mine: int) -> None:
+        self.stored = stored
+        self.mine = mine
+        super().__init__(
+            f"checkpoint {namespace}/{poller} has fence {stored} > {mine}",
+            poller=poller,
+            namespace=namespace,
+        )
+
+
+class PositionNotForwardError(AfdbError):
+    """A commit of a batch that was not read after the stored position, or that ends on it.
+    Raised by the checkpoint's rules; the engine reports it as :class:`PositionRegressionError`.
+    """
+
+    def __init__(
+        self,
+        poller: str,
+        namespace: str,
+        *,
+        stored: object,
+        proposed: object,
+        read_after: object,
+    ) -> None:
+        self.stored = stored
+        self.proposed = proposed
+        self.read_after = read_after
+        super().__init__(
+            f"checkpoint {namespace}/{poller}: a batch read after {read_after} cannot move the "
+            f"stored position {stored} to {proposed}",
+            poller=poller,
+            namespace=namespace,
         )
 
 
@@ -193,13 +262,16 @@ class PositionRegressionError(AfdbError):
     the position it was read after. The only way back is an audited ``afdb seek``.
     """
 
-    def __init__(self, poller: str, stored: str, proposed: str) -> None:
-        self.poller = poller
+    def __init__(
+        self, poller: str, stored: str, proposed: str, namespace: str | None = None
+    ) -> None:
         self.stored = stored
         self.proposed = proposed
         super().__init__(
             f"Refusing to move the checkpoint of poller `{poller}` from {stored} to {proposed}: "
-            "positions only move forward. Use `afdb seek` to rewind on purpose."
+            "positions only move forward. Use `afdb seek` to rewind on purpose.",
+            poller=poller,
+            namespace=namespace,
         )
 
 
@@ -211,14 +283,14 @@ class LeaseLostError(AfdbError):
     """
 
     def __init__(self, poller: str, namespace: str, fence: int, detail: str = "") -> None:
-        self.poller = poller
-        self.namespace = namespace
         self.fence = fence
         self.detail = detail
         suffix = f": {detail}" if detail else ""
         super().__init__(
             f"Lease for poller `{poller}` (namespace `{namespace}`, fence {fence}) was lost"
-            f"{suffix}. The current batch was not acknowledged and will be redelivered."
+            f"{suffix}. The current batch was not acknowledged and will be redelivered.",
+            poller=poller,
+            namespace=namespace,
         )
 
 
@@ -252,13 +324,13 @@ class LeaseHeldError(AfdbError):
     """
 
     def __init__(self, poller: str, namespace: str, holder: str | None) -> None:
-        self.poller = poller
-        self.namespace = namespace
         self.holder = holder
         super().__init__(
             f"Lease for poller `{poller}` (namespace `{namespace}`) is held by "
             f"`{holder or 'another owner'}`. Wait for its run to finish or the lease to "
-            "expire, then retry."
+            "expire, then retry.",
+            poller=poller,
+            namespace=namespace,
         )
 
 
@@ -279,14 +351,14 @@ class HandlerError(AfdbError):
     """
 
     def __init__(self, poller: str, namespace: str, attempts: int, rows: int) -> None:
-        self.poller = poller
-        self.namespace = namespace
         self.attempts = attempts
         self.rows = rows
         super().__init__(
             f"Handler of poller `{poller}` (namespace `{namespace}`) failed on a batch of "
             f"{rows} row(s) (attempt {attempts}); the checkpoint was not moved and the batch "
-            "will be redelivered."
+            "will be redelivered.",
+            poller=poller,
+            namespace=namespace,
         )
 
 
@@ -307,6 +379,14 @@ class PoisonBatchError(HandlerError):
         )
 
 
+class BackfillError(AfdbError):
+    """A backfill's Spark job failed; finished chunks keep their checkpoints.
+
+    Fix the cause (the message names the first error a task raised) and rerun with the same
+    ``--run-id``: finished chunks are skipped, the others resume from their checkpoints.
+    """
+
+
 class UnexpectedRunError(AfdbError):
     """A poller's run ended with an error that is not one of the library's own.
 
@@ -314,9 +394,10 @@ class UnexpectedRunError(AfdbError):
     The cause (``__cause__``) and its traceback are logged; please report it.
     """
 
-    def __init__(self, poller: str, cause: BaseException) -> None:
-        self.poller = poller
+    def __init__(self, poller: str, cause: BaseException, namespace: str | None = None) -> None:
         super().__init__(
             f"Poller `{poller}` stopped on an unexpected {type(cause).__name__}: {cause}. The "
-            "current batch was not acknowledged; the other pollers keep running."
+            "current batch was not acknowledged; the other pollers keep running.",
+            poller=poller,
+            namespace=namespace,
         )

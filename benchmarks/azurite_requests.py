@@ -47,11 +47,11 @@ from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 from urllib.parse import parse_qs, unquote, urlparse
 
-from azure_functions_db.clock import SystemClock
 from azure_functions_db.core.batch import Batch
 from azure_functions_db.core.checkpoint import Checkpoint
+from azure_functions_db.core.clock import SystemClock
 from azure_functions_db.core.engine import Engine, RunReport
-from azure_functions_db.ports import StateStore
+from azure_functions_db.core.ports import StateStore
 from benchmarks import sqlite_fixture as fx
 from benchmarks.harness import Benchmark, BenchmarkResult, BenchmarkSkipped, Context, Scalar
 

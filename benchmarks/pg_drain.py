@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
-from azure_functions_db.ports import StateStore
+from azure_functions_db.core.ports import StateStore
 from benchmarks import pg_fixture as pg
 from benchmarks.harness import (
     Benchmark,

@@ -30,9 +30,9 @@ from typing import Any, Literal
 
 import sqlalchemy as sa
 
-from azure_functions_db.clock import SystemClock
+from azure_functions_db.core.clock import SystemClock
 from azure_functions_db.core.engine import Engine, Handler, RunReport
-from azure_functions_db.ports import StateStore
+from azure_functions_db.core.ports import StateStore
 from azure_functions_db.sources.sqlalchemy import SqlSource
 from azure_functions_db.state.local import LocalStateStore
 from benchmarks import sqlite_fixture as sfx

@@ -388,7 +388,7 @@ def chunk_in_process(app: Path, settings: dict[str, str], partitions: int) -> In
     """Plan a run (timed), then drain its first chunk here with ``run_chunk`` (timed)."""
     import datetime as dt
 
-    from azure_functions_db.loader import load_pollers
+    from azure_functions_db.runtime.loader import load_pollers
     from azure_functions_db.spark.chunk import run_chunk
     from azure_functions_db.spark.plan import prepare_run
 

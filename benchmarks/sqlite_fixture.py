@@ -25,11 +25,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from azure_functions_db.clock import SystemClock
 from azure_functions_db.core.batch import Batch
 from azure_functions_db.core.checkpoint import Checkpoint, PollerKey
+from azure_functions_db.core.clock import SystemClock
 from azure_functions_db.core.engine import Engine, Handler, PollerConfig, RunReport
-from azure_functions_db.ports import LeaseGrant, LeaseInfo, StateStore, StoredCheckpoint
+from azure_functions_db.core.ports import LeaseGrant, LeaseInfo, StateStore, StoredCheckpoint
 from azure_functions_db.sources.sqlalchemy import SqlSource
 from azure_functions_db.state.local import LocalStateStore
 from benchmarks.harness import Context, Timing, best_of, timed
@@ -280,7 +280,7 @@ def scans(ctx: Context, rows: int) -> ScanTimings:
 
 
 class CountingStore:
-    """A :class:`~azure_functions_db.ports.StateStore` that counts calls per method.
+    """A :class:`~azure_functions_db.core.ports.StateStore` that counts calls per method.
 
     Delegates every call to the wrapped store. On a remote store (Blob, Table) each call is at
     least one request; how many exactly is for that store's own benchmark to count.

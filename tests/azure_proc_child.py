@@ -26,11 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import azure_proc_app as app
 
-from azure_functions_db.clock import SystemClock
-from azure_functions_db.core.clock import Clock
+from azure_functions_db.core.clock import Clock, SystemClock
 from azure_functions_db.core.engine import Engine
 from azure_functions_db.errors import AfdbError
-from azure_functions_db.poller import default_owner
+from azure_functions_db.runtime.poller import default_owner
 
 
 class FrozenMonotonicClock(SystemClock):

@@ -8,8 +8,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from azure_functions_db.core.ports import Horizon, SourceRow
 from azure_functions_db.core.position import Position
-from azure_functions_db.ports import Horizon, SourceRow
 from azure_functions_db.sources import SqlSource
 
 NO_HORIZON = Horizon(bound=None, method="none")

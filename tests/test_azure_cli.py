@@ -18,8 +18,8 @@ from azure.storage.blob import BlobServiceClient
 
 from azure_functions_db.cli import EXIT_FAILED, EXIT_OK, main
 from azure_functions_db.core.checkpoint import Checkpoint, PollerKey
-from azure_functions_db.operations import operator_identity
-from azure_functions_db.ports import StateStore
+from azure_functions_db.core.ports import StateStore
+from azure_functions_db.ops.seek import operator_identity
 from azure_functions_db.state.blob import BlobStateStore
 from azure_functions_db.state.table import TableStateStore
 

@@ -41,7 +41,7 @@ from typing import Any
 import pytest
 
 from azure_functions_db.core.checkpoint import PollerKey
-from azure_functions_db.ports import StoredCheckpoint
+from azure_functions_db.core.ports import StoredCheckpoint
 from azure_functions_db.state.blob import BlobStateStore
 from azure_functions_db.state.table import TableStateStore
 

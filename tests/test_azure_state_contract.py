@@ -14,11 +14,11 @@ import pytest
 from azure.core.exceptions import ResourceExistsError
 
 from azure_functions_db.core.checkpoint import PollerKey
-from azure_functions_db.core.clock import FakeClock
-from azure_functions_db.ports import StateStore
+from azure_functions_db.core.ports import StateStore
 from azure_functions_db.state.blob import BlobStateStore
 from azure_functions_db.state.table import TableStateStore
 from azure_functions_db.testing import GARBAGE, StateStoreContract
+from azure_functions_db.testing.clock import FakeClock
 
 from .azurite import Azurite
 

@@ -27,7 +27,7 @@ from azure_functions_db.cli import EXIT_OK, main
 from azure_functions_db.core.checkpoint import PollerKey
 from azure_functions_db.core.engine import Engine
 from azure_functions_db.errors import CheckpointConflictError, LeaseLostError
-from azure_functions_db.loader import load_pollers
+from azure_functions_db.runtime.loader import load_pollers
 from azure_functions_db.spark import backfill
 from azure_functions_db.spark.chunk import BoundedSource, run_chunk
 from azure_functions_db.spark.plan import prepare_run

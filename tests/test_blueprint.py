@@ -18,7 +18,7 @@ from azure_functions_db.errors import (
     SettingNotFoundError,
     SourceDefinitionError,
 )
-from azure_functions_db.runner import run_one
+from azure_functions_db.runtime.runner import run_one
 
 from .sqlite_orders import Orders
 
@@ -228,7 +228,7 @@ def test_disclosure_is_in_the_decorator_docstring():
 
 
 def test_default_state_is_blob_under_a_functions_host_and_local_elsewhere(orders, tmp_path):
-    from azure_functions_db.poller import default_state_store
+    from azure_functions_db.runtime.poller import default_state_store
     from azure_functions_db.state.blob import BlobStateStore
     from azure_functions_db.state.local import LocalStateStore
 

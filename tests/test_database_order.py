@@ -20,13 +20,13 @@ import pytest
 import sqlalchemy as sa
 
 from azure_functions_db.core.batch import Batch
-from azure_functions_db.core.clock import FakeClock
 from azure_functions_db.core.engine import Engine, PollerConfig
+from azure_functions_db.core.ports import Source
 from azure_functions_db.core.position import Position
-from azure_functions_db.ports import Source
 from azure_functions_db.sources.sqlalchemy import SqlSource
 from azure_functions_db.spark.chunk import BoundedSource
 from azure_functions_db.state.memory import MemoryStateStore
+from azure_functions_db.testing.clock import FakeClock
 
 from . import dbservers
 

@@ -22,11 +22,11 @@ import pytest
 import sqlalchemy as sa
 
 from azure_functions_db import Batch, Change, OutboxSource, SqlSource
-from azure_functions_db.clock import SystemClock
+from azure_functions_db.core.clock import SystemClock
 from azure_functions_db.core.engine import Engine, PollerConfig, RunReport
+from azure_functions_db.core.ports import ChangeSource
 from azure_functions_db.core.position import Position
 from azure_functions_db.errors import HandlerError, SourceDefinitionError
-from azure_functions_db.ports import ChangeSource
 from azure_functions_db.sources import outbox as outbox_module
 from azure_functions_db.state.memory import MemoryStateStore
 

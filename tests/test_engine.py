@@ -19,8 +19,8 @@ import sqlalchemy as sa
 
 from azure_functions_db.core.batch import Batch, Change
 from azure_functions_db.core.checkpoint import Checkpoint
-from azure_functions_db.core.clock import FakeClock
 from azure_functions_db.core.engine import Engine, PollerConfig
+from azure_functions_db.core.ports import Horizon, StateStore
 from azure_functions_db.errors import (
     CheckpointConflictError,
     CheckpointCorruptError,
@@ -34,12 +34,12 @@ from azure_functions_db.errors import (
     TransientSourceError,
     TransientStoreError,
 )
-from azure_functions_db.operations import seek
-from azure_functions_db.poller import PollerDefinition
-from azure_functions_db.ports import Horizon, StateStore
+from azure_functions_db.ops.seek import seek
+from azure_functions_db.runtime.poller import PollerDefinition
 from azure_functions_db.sources.sqlalchemy import SqlSource
 from azure_functions_db.state.local import LocalStateStore
 from azure_functions_db.state.memory import MemoryStateStore
+from azure_functions_db.testing.clock import FakeClock
 
 from .sqlite_orders import T0, Orders
 

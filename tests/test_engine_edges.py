@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 
 from azure_functions_db.core.batch import Batch
-from azure_functions_db.core.clock import FakeClock
 from azure_functions_db.core.engine import Engine, PollerConfig
 from azure_functions_db.errors import (
     HandlerContractError,
@@ -26,11 +25,12 @@ from azure_functions_db.errors import (
     SourceDefinitionError,
     UnexpectedRunError,
 )
-from azure_functions_db.poller import PollerDefinition
-from azure_functions_db.runner import run_one
+from azure_functions_db.runtime.poller import PollerDefinition
+from azure_functions_db.runtime.runner import run_one
 from azure_functions_db.sources.sqlalchemy import SqlSource
 from azure_functions_db.spark.records import chunk_key, run_key
 from azure_functions_db.state.memory import MemoryStateStore
+from azure_functions_db.testing.clock import FakeClock
 
 from .sqlite_orders import Orders
 

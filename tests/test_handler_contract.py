@@ -17,12 +17,12 @@ import pytest
 import azure_functions_db as afdb
 from azure_functions_db.cli import EXIT_USAGE, main
 from azure_functions_db.core.batch import Batch
-from azure_functions_db.core.clock import FakeClock
 from azure_functions_db.core.engine import Engine, PollerConfig
 from azure_functions_db.core.handler import check_handler
 from azure_functions_db.errors import ConfigurationError, HandlerContractError, HandlerError
 from azure_functions_db.sources.sqlalchemy import SqlSource
 from azure_functions_db.state.memory import MemoryStateStore
+from azure_functions_db.testing.clock import FakeClock
 
 from .sqlite_orders import Orders
 

@@ -19,7 +19,7 @@ import pytest
 import sqlalchemy as sa
 
 from azure_functions_db.cli import EXIT_OK, main
-from azure_functions_db.clock import SystemClock
+from azure_functions_db.core.clock import SystemClock
 from azure_functions_db.core.engine import Engine, PollerConfig
 from azure_functions_db.sources import AutoHorizon
 from azure_functions_db.sources.sqlalchemy import SqlSource

@@ -10,6 +10,7 @@ Steps are ordered with events, not sleeps; only the final drain waits for the se
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import threading
@@ -27,14 +28,20 @@ from sqlalchemy.dialects import mssql
 
 from azure_functions_db.core.position import Position
 from azure_functions_db.errors import ConfigurationError
-from azure_functions_db.sources import NoHorizon, SqlSource
+from azure_functions_db.sources import (
+    AutoHorizon,
+    HorizonStrategy,
+    HorizonTarget,
+    LagHorizon,
+    NoHorizon,
+    SqlSource,
+)
 from azure_functions_db.sources._dialect_horizons import (
     MSSQL_ROWVERSION_SQL,
     MssqlRowversionHorizon,
     MysqlTrxHorizon,
     PgXactStartHorizon,
 )
-from azure_functions_db.sources._horizon import AutoHorizon, HorizonStrategy, LagHorizon
 
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 MY_URL = "mysql+pymysql://root@127.0.0.1:3306/test"
@@ -390,7 +397,7 @@ def test_pg_lag_is_an_extra_margin_on_the_safe_bound(
     try:
         source = open_source(opened, PG_URL, table_name, "updated_at", lag=3600)
         source._horizon = horizon = AutoHorizon()  # what `horizon="auto"` will do
-        horizon.prepare(source)
+        horizon.prepare(source.horizon_target())
         bound = source.horizon().bound
         assert isinstance(bound, dt.datetime)
         assert bound < dt.datetime.now(dt.UTC) - dt.timedelta(minutes=59)
@@ -510,11 +517,12 @@ def _mssql_stub(column: sa.Column[Any], bound: bytes = b"") -> Any:
             return SimpleNamespace(scalar_one=lambda: bytearray(bound))
 
     engine = SimpleNamespace(dialect=mssql.dialect(), connect=Connection)
-    return SimpleNamespace(
-        engine=engine,
-        cursor_columns=(column,),
+    return HorizonTarget(
+        engine=engine,  # type: ignore[arg-type]
+        cursor=column,
+        zone=dt.UTC,
         lag=dt.timedelta(0),
-        description=SimpleNamespace(table="dbo.orders"),
+        table="dbo.orders",
     )
 
 
@@ -533,8 +541,9 @@ def test_mssql_rowversion_horizon_rejects_other_cursors() -> None:
 
 
 def test_mssql_time_cursor_falls_back_to_lag(caplog: pytest.LogCaptureFixture) -> None:
-    source = _mssql_stub(sa.Column("at", mssql.DATETIME2))
-    source.lag = dt.timedelta(seconds=20)
+    source = dataclasses.replace(
+        _mssql_stub(sa.Column("at", mssql.DATETIME2)), lag=dt.timedelta(seconds=20)
+    )
     horizon = AutoHorizon()
     with caplog.at_level(logging.WARNING):
         horizon.prepare(source)

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from azure_functions_db.clock import SystemClock
 from azure_functions_db.core.checkpoint import Checkpoint, PollerKey
+from azure_functions_db.core.clock import SystemClock
 from azure_functions_db.state import LocalStateStore
 from azure_functions_db.testing._harness import try_increment
 

@@ -39,9 +39,9 @@ from azure_functions_db.core.checkpoint import (
     decode_checkpoint,
     encode_checkpoint,
 )
+from azure_functions_db.core.ports import Horizon
 from azure_functions_db.core.position import Position
 from azure_functions_db.errors import ConfigurationError, SourceError, TransientSourceError
-from azure_functions_db.ports import Horizon
 from azure_functions_db.sources import (
     AutoHorizon,
     LagHorizon,

@@ -32,7 +32,7 @@ from azure_functions_db.errors import (
     StateStoreError,
     UnresolvedSettingError,
 )
-from azure_functions_db.poller import resolve_schedule
+from azure_functions_db.runtime.poller import resolve_schedule
 from azure_functions_db.state._azure import resolve_storage
 from azure_functions_db.state.local import LocalStateStore
 

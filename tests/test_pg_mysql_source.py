@@ -27,9 +27,9 @@ from azure_functions_db.core.checkpoint import (
     decode_checkpoint,
     encode_checkpoint,
 )
+from azure_functions_db.core.ports import Horizon
 from azure_functions_db.core.position import Position
 from azure_functions_db.errors import TransientSourceError
-from azure_functions_db.ports import Horizon
 from azure_functions_db.sources import SqlSource
 
 from . import dbservers

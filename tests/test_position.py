@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 
 from azure_functions_db.core import batch as batch_module
 from azure_functions_db.core.batch import Change
-from azure_functions_db.core.position import CodecError, Position, decode_value, encode_value
-from azure_functions_db.ports import SourceRow
+from azure_functions_db.core.ports import SourceRow
+from azure_functions_db.core.position import Position, decode_value, encode_value
+from azure_functions_db.errors import CodecError
 
 aware = st.datetimes(
     min_value=dt.datetime(1, 1, 2),

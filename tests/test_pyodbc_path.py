@@ -13,8 +13,10 @@ password or in ``odbc_connect`` never shown. What the drivers cannot do is pinne
 (``test_*_driver_*``), so a driver upgrade that changes it fails here and the docs get updated:
 
 * MariaDB Connector/ODBC 3.1 drops the fractional seconds of every bound date-time (it reports
-  ``TIMESTAMP`` with scale 0, so pyodbc truncates), so a ``DATETIME(6)`` cursor with sub-second
-  values cannot resume through it: whole-second values are used for its time cursors here.
+  ``TIMESTAMP`` with scale 0, so pyodbc truncates), so a ``DATETIME(n)`` position with sub-second
+  values would re-read its own row for ever: the source refuses such a cursor or key column
+  through ``mysql+pyodbc`` when it opens, and whole-second ``DATETIME``/``TIMESTAMP`` columns are
+  used for its time cursors here.
 * psqlODBC returns ``timestamptz`` as naive values in the session time zone and drops the offset
   of aware parameters; the source still orders and resumes exactly (the values go back as they
   came), but an operator's ``seek --cursor`` with an offset is read in the session zone.
@@ -38,16 +40,16 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql
 
 from azure_functions_db import Batch, Change
-from azure_functions_db.clock import SystemClock
 from azure_functions_db.core.checkpoint import (
     Checkpoint,
     PollerKey,
     decode_checkpoint,
     encode_checkpoint,
 )
+from azure_functions_db.core.clock import SystemClock
 from azure_functions_db.core.engine import Engine, PollerConfig
 from azure_functions_db.core.position import Position
-from azure_functions_db.errors import SourceError, TransientSourceError
+from azure_functions_db.errors import SourceDefinitionError, SourceError, TransientSourceError
 from azure_functions_db.sources import AutoHorizon, SqlSource
 from azure_functions_db.state.memory import MemoryStateStore
 
@@ -132,7 +134,7 @@ def through_checkpoint(source: SqlSource, position: Position) -> Position:
 
 
 def time_type(db: Db) -> Any:
-    return postgresql.TIMESTAMP(precision=6) if db.dialect == "postgres" else mysql.DATETIME(fsp=6)
+    return postgresql.TIMESTAMP(precision=6) if db.dialect == "postgres" else mysql.DATETIME()
 
 
 def stamp(db: Db, moment: dt.datetime) -> dt.datetime:
@@ -196,12 +198,12 @@ PG_TYPES: dict[str, tuple[Any, list[Any]]] = {
     "bytea": (postgresql.BYTEA, ROWVERSIONS),
 }
 MYSQL_TYPES: dict[str, tuple[Any, list[Any]]] = {
-    "datetime6": (
-        mysql.DATETIME(fsp=6),
+    "datetime": (
+        mysql.DATETIME(),
         [WHOLE, WHOLE + dt.timedelta(seconds=1), WHOLE.replace(year=2020)],
     ),
-    "timestamp6": (
-        mysql.TIMESTAMP(fsp=6),
+    "timestamp": (
+        mysql.TIMESTAMP(),
         [WHOLE, WHOLE + dt.timedelta(seconds=1), WHOLE.replace(year=2020)],
     ),
     "binary8": (mysql.BINARY(8), ROWVERSIONS),
@@ -353,7 +355,7 @@ HORIZON_CASES = [
     ),
     pytest.param("postgres", "xid8 NOT NULL", id="postgres-xid8", marks=pytest.mark.postgres),
     pytest.param("postgres", "bigint NOT NULL", id="postgres-bigint", marks=pytest.mark.postgres),
-    pytest.param("mysql", "datetime(6) NOT NULL", id="mysql-datetime6", marks=pytest.mark.mysql),
+    pytest.param("mysql", "datetime NOT NULL", id="mysql-datetime", marks=pytest.mark.mysql),
     pytest.param("mysql", "bigint NOT NULL", id="mysql-bigint", marks=pytest.mark.mysql),
 ]
 
@@ -417,21 +419,24 @@ def test_auto_horizon_is_the_same_as_through_the_native_driver(
 
 @pytest.mark.mysql
 def test_mariadb_driver_drops_the_fraction_of_bound_datetimes(maria_odbc, opened):
-    columns = [
-        sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
-        sa.Column("cur", mysql.DATETIME(fsp=6), nullable=False),
-    ]
-    rows = [{"id": 1, "cur": WHOLE + dt.timedelta(microseconds=100)}, {"id": 2, "cur": T0}]
-    maria_odbc.table("fraction", columns, rows)
-    source = open_source(opened, maria_odbc, "fraction", "cur")
-    read = source.fetch(None, 10, NO_HORIZON)
-    assert [r.position.cursor[0] for r in read] == [rows[0]["cur"], T0]  # reads are exact
-    # After the last row nothing is left, but T0 is bound as WHOLE (.000000), so both rows come
-    # back: a DATETIME(6) cursor with sub-second values would re-read them forever.
-    again = source.fetch(read[-1].position, 10, NO_HORIZON)
-    assert [r.position.pk[0] for r in again] == [1, 2]
-    seek = source.fetch(Position(cursor=(T0,), pk=()), 10, NO_HORIZON)
-    assert [r.position.pk[0] for r in seek] == [1, 2]  # correct would be [2]
+    engine = sa.create_engine(maria_odbc.url, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as conn:
+            echoed = conn.execute(sa.text("SELECT CAST(:t AS DATETIME(6))"), {"t": T0}).scalar()
+    finally:
+        engine.dispose()
+    assert echoed == WHOLE  # the driver sent T0 without its .123456
+    # So a sub-second date-time position could not select its own row: the source refuses the
+    # column when it opens, naming the fix, rather than re-reading a row for ever.
+    for type_ in (mysql.DATETIME(fsp=6), mysql.TIMESTAMP(fsp=3)):
+        name = f"fraction{type_.fsp}"
+        columns = [
+            sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+            sa.Column("cur", type_, nullable=False),
+        ]
+        maria_odbc.table(name, columns, [{"id": 1, "cur": T0}])
+        with pytest.raises(SourceDefinitionError, match=r"fractional seconds.*mysql\+pymysql"):
+            open_source(opened, maria_odbc, name, "cur")
 
 
 @pytest.mark.postgres

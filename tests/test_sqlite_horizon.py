@@ -14,7 +14,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from azure_functions_db.ports import Horizon
+from azure_functions_db.core.ports import Horizon
 from azure_functions_db.sources import AutoHorizon, NoHorizon, SqliteClockHorizon
 from azure_functions_db.sources.sqlalchemy import SqlSource
 

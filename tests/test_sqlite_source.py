@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy.dialects import mssql, mysql, postgresql, sqlite
 
-from azure_functions_db.core.clock import FakeClock
+from azure_functions_db.core.ports import Horizon, Source
 from azure_functions_db.core.position import Position
 from azure_functions_db.errors import (
     ConfigurationError,
@@ -34,10 +34,10 @@ from azure_functions_db.errors import (
     SourceError,
     TransientSourceError,
 )
-from azure_functions_db.ports import Horizon, Source
 from azure_functions_db.sources import HorizonStrategy, LagHorizon, NoHorizon, SqlSource
-from azure_functions_db.sources._keyset import KeysetQuery, after_predicate
-from azure_functions_db.sources._values import parse_value
+from azure_functions_db.sources.keyset import KeysetQuery, after_predicate
+from azure_functions_db.sources.values import parse_value
+from azure_functions_db.testing.clock import FakeClock
 
 from .source_kit import NO_HORIZON, drain
 

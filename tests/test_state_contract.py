@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from azure_functions_db.clock import SystemClock
 from azure_functions_db.core.checkpoint import Checkpoint, PollerKey
+from azure_functions_db.core.clock import SystemClock
+from azure_functions_db.core.ports import StateStore
 from azure_functions_db.errors import (
     CheckpointConflictError,
     CheckpointCorruptError,
@@ -23,7 +24,6 @@ from azure_functions_db.errors import (
     StateStoreError,
     TransientStoreError,
 )
-from azure_functions_db.ports import StateStore
 from azure_functions_db.state import LocalStateStore, MemoryStateStore
 from azure_functions_db.testing import GARBAGE, FakeClock, StateStoreContract
 

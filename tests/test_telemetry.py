@@ -19,22 +19,22 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from azure_functions_db.core.batch import Batch
-from azure_functions_db.core.clock import FakeClock
 from azure_functions_db.core.engine import Engine, PollerConfig
 from azure_functions_db.core.observe import NullObserver, RunReport
+from azure_functions_db.core.ports import Horizon, StateStore
 from azure_functions_db.core.position import Position
 from azure_functions_db.errors import CheckpointConflictError, HandlerError, PoisonBatchError
-from azure_functions_db.poller import PollerDefinition
-from azure_functions_db.ports import Horizon, StateStore
-from azure_functions_db.sources.sqlalchemy import SqlSource
-from azure_functions_db.state.memory import MemoryStateStore
-from azure_functions_db.telemetry import (
+from azure_functions_db.observers.telemetry import (
     METER_NAME,
     OtelMetrics,
     metrics_enabled,
     metrics_observer,
     run_status,
 )
+from azure_functions_db.runtime.poller import PollerDefinition
+from azure_functions_db.sources.sqlalchemy import SqlSource
+from azure_functions_db.state.memory import MemoryStateStore
+from azure_functions_db.testing.clock import FakeClock
 
 from .source_kit import NO_HORIZON, open_source
 from .sqlite_orders import T0, Orders

@@ -127,7 +127,7 @@ def test_timestamptz_event_ids_do_not_depend_on_the_session_zone(pg_schema, tmp_
     engine.dispose()
     script = textwrap.dedent(
         f"""
-        from azure_functions_db.ports import Horizon
+        from azure_functions_db.core.ports import Horizon
         from azure_functions_db.sources.sqlalchemy import SqlSource
         from azure_functions_db.core.batch import Change
         s = SqlSource({dbservers.pg_url()!r}, "orders", "updated_at", "id",

@@ -22,8 +22,8 @@ from sqlalchemy.dialects import mysql
 
 from azure_functions_db.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
 from azure_functions_db.errors import SourceError
+from azure_functions_db.ops.validate import PollerValidation, validate_app
 from azure_functions_db.sources import SqlSource
-from azure_functions_db.validate import PollerValidation, validate_app
 
 from . import dbservers
 

@@ -2,9 +2,10 @@
 
 Run as ``python -P tests/worker_app_probe.py PATH/function_app.py`` (any Python the package
 supports; ``tests/test_worker_load.py`` uses the dev venv's 3.11). It loads the app through
-``azure_functions_db.loader.load_pollers`` (a fresh process, so ``app.get_functions()``, which a
-``FunctionApp`` allows only once, runs on a fresh app object) and prints each function's name,
-bindings, Python parameters and retry setting, and each poller's ``PollerConfig`` and schedule.
+``azure_functions_db.runtime.loader.load_pollers`` (a fresh process, so ``app.get_functions()``,
+which a ``FunctionApp`` allows only once, runs on a fresh app object) and prints each function's
+name, bindings, Python parameters and retry setting, and each poller's ``PollerConfig`` and
+schedule.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 import azure.functions as func
 
-from azure_functions_db.loader import load_pollers
+from azure_functions_db.runtime.loader import load_pollers
 
 
 def main(argv: list[str]) -> int:

@@ -26,7 +26,8 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from azure_functions_db.core.position import CodecError, Position, decode_value, encode_value
+from azure_functions_db.core.position import Position, decode_value, encode_value
+from azure_functions_db.errors import CodecError, PositionNotForwardError, StaleFenceError
 
 SCHEMA_VERSION = 1
 
@@ -145,7 +146,9 @@ class Checkpoint:
         :class:`StaleFenceError`.
         """
         if fence <= self.fence:
-            raise StaleFenceError(self.key, stored=self.fence, mine=fence)
+            raise StaleFenceError(
+                self.key.poller, self.key.namespace, stored=self.fence, mine=fence
+            )
         return replace(self, fence=fence, source=source if source is not None else self.source)
 
     def advanced(
@@ -168,10 +171,16 @@ class Checkpoint:
         positions decides anything here, so the rule cannot disagree with the database.
         """
         if fence < self.fence:
-            raise StaleFenceError(self.key, stored=self.fence, mine=fence)
+            raise StaleFenceError(
+                self.key.poller, self.key.namespace, stored=self.fence, mine=fence
+            )
         if read_after != self.position or position == self.position:
             raise PositionNotForwardError(
-                self.key, stored=self.position, proposed=position, read_after=read_after
+                self.key.poller,
+                self.key.namespace,
+                stored=self.position,
+                proposed=position,
+                read_after=read_after,
             )
         return replace(
             self,
@@ -187,7 +196,9 @@ class Checkpoint:
     def failed(self, *, fence: int, error: str) -> Checkpoint:
         """The record after a failed attempt at the current position (attempts + 1)."""
         if fence < self.fence:
-            raise StaleFenceError(self.key, stored=self.fence, mine=fence)
+            raise StaleFenceError(
+                self.key.poller, self.key.namespace, stored=self.fence, mine=fence
+            )
         return replace(self, fence=fence, attempts=self.attempts + 1, last_error=error[:500])
 
     def sought(
@@ -205,8 +216,10 @@ class Checkpoint:
         ``source`` is the definition the new position belongs to: after a seek the poller
         continues under it, which is how an operator adopts a changed cursor or key.
         """
-        if fence <= self.fence:  # a seek is a claim by a new grant, like `fenced`
-            raise StaleFenceError(self.key, stored=self.fence, mine=fence)
+        if fence < self.fence:  # written under a claim that fenced the record first
+            raise StaleFenceError(
+                self.key.poller, self.key.namespace, stored=self.fence, mine=fence
+            )
         audit = SeekAudit(
             by=by, at=at, from_position=self.position, to_position=position, reason=reason
         )
@@ -218,37 +231,6 @@ class Checkpoint:
             last_error=None,
             seek=audit,
             source=source if source is not None else self.source,
-        )
-
-
-class StaleFenceError(Exception):
-    """Internal: the stored record was written under a newer fence than the caller's."""
-
-    def __init__(self, key: PollerKey, *, stored: int, mine: int) -> None:
-        self.key = key
-        self.stored = stored
-        self.mine = mine
-        super().__init__(f"checkpoint {key} has fence {stored} > {mine}")
-
-
-class PositionNotForwardError(Exception):
-    """Internal: a commit of a batch not read after the stored position, or ending on it."""
-
-    def __init__(
-        self,
-        key: PollerKey,
-        *,
-        stored: Position | None,
-        proposed: Position,
-        read_after: Position | None,
-    ) -> None:
-        self.key = key
-        self.stored = stored
-        self.proposed = proposed
-        self.read_after = read_after
-        super().__init__(
-            f"checkpoint {key}: a batch read after {read_after} cannot move the stored position "
-            f"{stored} to {proposed}"
         )
 
 

@@ -1,9 +1,15 @@
-"""Time as the engine sees it: a protocol, and a fake for tests. The engine reads no other clock."""
+"""Time: the :class:`Clock` protocol and the machine's clock, :class:`SystemClock`.
+
+The engine, the lease keeper and the local stores read time only through a ``Clock`` they are
+given; production code hands them one ``SystemClock``, tests a
+:class:`~azure_functions_db.testing.FakeClock`. ``SystemClock`` is the one place in ``core`` that
+reads the machine's clocks (``tests/test_architecture.py`` checks that).
+"""
 
 from __future__ import annotations
 
 import datetime as dt
-import threading
+import time
 from typing import Protocol
 
 
@@ -23,34 +29,23 @@ class Clock(Protocol):
         ...
 
 
-class FakeClock:
-    """A clock that moves only when told to. ``sleep`` advances it instead of blocking.
+class SystemClock:
+    """The machine's clocks: UTC wall time, the monotonic clock, and a blocking sleep.
 
-    Thread-safe, so a heartbeat thread and a test can share one.
+    Implements :class:`Clock`. The only code of the package that reads the machine's clocks.
     """
 
-    def __init__(self, start: dt.datetime | None = None) -> None:
-        self._now = start or dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-        if self._now.tzinfo is None:
-            raise ValueError("FakeClock needs a timezone-aware start time")
-        self._mono = 1000.0
-        self._lock = threading.Lock()
-
     def now(self) -> dt.datetime:
-        with self._lock:
-            return self._now
+        """Current wall-clock time, timezone-aware (UTC)."""
+        return dt.datetime.now(dt.UTC)
 
     def monotonic(self) -> float:
-        with self._lock:
-            return self._mono
+        """Seconds on :func:`time.monotonic`; only differences are meaningful."""
+        return time.monotonic()
 
     def sleep(self, seconds: float) -> None:
-        self.advance(seconds)
+        """Block the calling thread for ``seconds``."""
+        time.sleep(seconds)
 
-    def advance(self, seconds: float) -> None:
-        """Move both clocks forward by ``seconds``."""
-        if seconds < 0:
-            raise ValueError("a clock never moves backwards")
-        with self._lock:
-            self._now += dt.timedelta(seconds=seconds)
-            self._mono += seconds
+    def __repr__(self) -> str:
+        return "SystemClock()"

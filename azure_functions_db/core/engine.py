@@ -15,20 +15,26 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
 from azure_functions_db.core.batch import Batch, Change
-from azure_functions_db.core.checkpoint import (
-    Checkpoint,
-    PositionNotForwardError,
-    SourceDescription,
-    StaleFenceError,
-)
+from azure_functions_db.core.checkpoint import Checkpoint, SourceDescription
+from azure_functions_db.core.claim import Claim, Claimer
 from azure_functions_db.core.clock import Clock
 from azure_functions_db.core.config import PollerConfig as PollerConfig  # noqa: PLC0414 - re-export
 from azure_functions_db.core.handler import HANDLER_LOOP, check_handler, check_result
-from azure_functions_db.core.lease import LeaseKeeper
 from azure_functions_db.core.logs import log_event
 from azure_functions_db.core.observe import RunObserver, guarded
 from azure_functions_db.core.observe import RunReport as RunReport  # noqa: PLC0414 - re-export
+from azure_functions_db.core.ports import (
+    AcknowledgingSource,
+    BacklogSource,
+    ChangeSource,
+    Horizon,
+    LeaseGrant,
+    Source,
+    SourceRow,
+    StateStore,
+)
 from azure_functions_db.core.position import Position
+from azure_functions_db.core.retry import Retrying
 from azure_functions_db.core.source_change import (
     COLUMNS_CHANGED_NOTE,
     FILTER_CHANGED_NOTE,
@@ -36,24 +42,12 @@ from azure_functions_db.core.source_change import (
 )
 from azure_functions_db.errors import (
     CheckpointConflictError,
-    FenceBehindCheckpointError,
     HandlerError,
     PoisonBatchError,
+    PositionNotForwardError,
     PositionRegressionError,
-    RecordExistsError,
     SourceDefinitionError,
-    TransientSourceError,
     TransientStoreError,
-)
-from azure_functions_db.ports import (
-    AcknowledgingSource,
-    BacklogSource,
-    ChangeSource,
-    Horizon,
-    Source,
-    SourceRow,
-    StateStore,
-    StoredCheckpoint,
 )
 
 logger = logging.getLogger(__name__)
@@ -92,7 +86,13 @@ class Engine:
         self.clock = clock
         self.owner = owner
         self._heartbeat_interval = heartbeat_interval
-        self._rng = rng or random.Random()  # noqa: S311 - retry jitter, not crypto
+        self._retrying = Retrying(
+            retries=config.infra_retries,
+            delay=config.retry_delay,
+            clock=clock,
+            log=self._log,
+            rng=rng,
+        )
         self._last_health: float | None = None
         self.observer = guarded(observer)
         # A runtime-checkable Protocol costs two attribute scans per isinstance: decide once.
@@ -129,45 +129,47 @@ class Engine:
         cfg = self.config
         self._retrying(self.source.open, settings)
         started = self.clock.monotonic()
-        grant = self._retrying(self.store.acquire, cfg.key, self.owner, cfg.lease_duration)
-        if grant is None:
-            info = self.store.inspect(cfg.key)
-            report.status, report.holder, report.fence = "lease_held", info.holder, info.fence
-            self._log(logging.INFO, "lease_held", holder=info.holder, lease_fence=info.fence)
-            return
-        keeper = LeaseKeeper(
-            self.store, grant, self.clock, interval=self._heartbeat_interval, acquired_at=started
+        claimer = Claimer(
+            self.store,
+            cfg.key,
+            owner=self.owner,
+            duration=cfg.lease_duration,
+            clock=self.clock,
+            heartbeat_interval=self._heartbeat_interval,
+            retrying=self._retrying,
+            log=self._log,
         )
-        keeper.start()
-        report.fence = grant.fence
-        try:
+
+        def acquired(grant: LeaseGrant) -> None:
+            report.fence = grant.fence
             self._log(logging.INFO, "lease_acquired", fence=grant.fence)
             self.observer.lease_acquired(cfg.name, cfg.namespace, grant.fence)
-            stored = self._fence_checkpoint(grant.fence, keeper)
+
+        desc = self.source.description
+        with claimer.hold(
+            desc, check_source=lambda old: self._check_source(old, desc), on_acquired=acquired
+        ) as claim:
+            if claim is None:
+                info = self.store.inspect(cfg.key)
+                report.status, report.holder, report.fence = "lease_held", info.holder, info.fence
+                self._log(logging.INFO, "lease_held", holder=info.holder, lease_fence=info.fence)
+                return
             self._health_check(report)
-            self._loop(stored, keeper, started, report)
-        finally:
-            keeper.stop()
-            try:
-                self.store.release(grant)
-            except Exception as exc:  # noqa: BLE001 - the lease expires anyway; keep the cause
-                self._log(logging.WARNING, "lease_release_failed", error=repr(exc))
+            self._loop(claim, started, report)
         self._log(
             logging.INFO,
             "run_done",
-            fence=grant.fence,
+            fence=claim.fence,
             status=report.status,
             batches=report.batches,
             rows=report.rows,
             position=report.position,
         )
 
-    def _loop(
-        self, stored: StoredCheckpoint, keeper: LeaseKeeper, started: float, report: RunReport
-    ) -> None:
+    def _loop(self, claim: Claim, started: float, report: RunReport) -> None:
         cfg = self.config
-        cp, etag = stored.checkpoint, stored.etag
-        report.position = cp.position
+        keeper = claim.keeper
+        report.position = claim.checkpoint.position
         # The horizon is kept while batches come back full (one query per catch-up, not per
         # batch). A bound taken earlier is lower than a fresh one, so still safe, and it is fixed
         # before each read; but a short batch under it only means "nothing more below this old
@@ -181,26 +183,26 @@ class Engine:
             keeper.ensure_held()
             if horizon is None:
                 horizon, fresh = self._retrying(self.source.horizon), True
-            changes, rows = self._retrying(self._fetch, cp.position, horizon)
+            changes, rows = self._retrying(self._fetch, claim.checkpoint.position, horizon)
             final = fresh or horizon.bound is None
             if not changes:
                 if final:
-                    self._caught_up(report, horizon, cp.position)
+                    self._caught_up(report, horizon, claim.checkpoint.position)
                     return
                 horizon = None
                 continue
-            batch = self._batch(cp, keeper.grant.fence, changes)
+            batch = self._batch(claim.checkpoint, claim.fence, changes)
             keeper.ensure_held()
-            self._call_handler(batch, cp, etag, keeper)
-            cp, etag = self._commit(cp, etag, batch, keeper)
+            self._call_handler(batch, claim)
+            self._commit(batch, claim)
             self.observer.batch_committed(batch, self.clock.monotonic() - batch_start)
             self._acknowledge(rows, batch)
             report.batches += 1
             report.rows += len(batch)
-            report.position = cp.position
+            report.position = claim.checkpoint.position
             if len(changes) < cfg.batch_size:
                 if final:
-                    self._caught_up(report, horizon, cp.position)
+                    self._caught_up(report, horizon, claim.checkpoint.position)
                     return
                 horizon = None
             else:
@@ -252,32 +254,6 @@ class Engine:
 
     # -- lease, fence, load ------------------------------------------------------------------
 
-    def _fence_checkpoint(self, fence: int, keeper: LeaseKeeper) -> StoredCheckpoint:
-        """Load the checkpoint and rewrite it with our fence, so older owners' commits fail."""
-        cfg = self.config
-        desc = self.source.description
-        stored = self._retrying(self.store.read, cfg.key)
-        if stored is None:
-            fresh = Checkpoint(key=cfg.key, fence=fence, source=desc)
-            try:
-                etag = self.store.create(fresh)
-            except RecordExistsError:
-                stored = self._retrying(self.store.read, cfg.key)
-            else:
-                self._log(logging.INFO, "checkpoint_created", fence=fence)
-                return StoredCheckpoint(fresh, etag)
-        assert stored is not None
-        self._check_source(stored.checkpoint.source, desc)
-        try:
-            claimed = stored.checkpoint.fenced(fence, desc)
-        except StaleFenceError as exc:
-            keeper.mark_lost(f"checkpoint already fenced by {exc.stored}")
-            raise FenceBehindCheckpointError(
-                cfg.key.poller, cfg.namespace, fence, exc.stored
-            ) from exc
-        etag = self.store.replace(claimed, stored.etag)
-        return StoredCheckpoint(claimed, etag)
-
     def _check_source(self, old: SourceDescription | None, new: SourceDescription) -> None:
         """Case L: a changed cursor, key or table cannot continue; a changed filter or column
         list can, with a warning (the fencing write then records the new definition)."""
@@ -315,7 +291,7 @@ class Engine:
 
     # -- handler and commit ------------------------------------------------------------------
 
-    def _call_handler(self, batch: Batch, cp: Checkpoint, etag: str, keeper: LeaseKeeper) -> None:
+    def _call_handler(self, batch: Batch, claim: Claim) -> None:
         cfg = self.config
         self._log(
             logging.DEBUG, "batch_start", fence=batch.fence, rows=len(batch), attempt=batch.attempt
@@ -329,8 +305,10 @@ class Engine:
         except BaseException as exc:
             # Any way out of the handler but a normal return is a failed attempt, counted and
             # logged: CancelledError too, and a Ctrl-C or sys.exit() before it ends the process.
+            cp = claim.checkpoint
             failed = cp.failed(fence=batch.fence, error=f"{type(exc).__name__}: {exc}")
-            self._record_failure(failed, etag, keeper)
+            # Count the failed attempt on the checkpoint (best effort: the batch stays unacked).
+            claim.try_write(failed)
             interrupted = isinstance(exc, KeyboardInterrupt | SystemExit)
             self._log(
                 # Ctrl-C or sys.exit(): counted and logged, but not an error of the handler's
@@ -362,22 +340,11 @@ class Engine:
                 ) from exc
             raise HandlerError(cfg.key.poller, cfg.namespace, failed.attempts, len(batch)) from exc
 
-    def _record_failure(self, failed: Checkpoint, etag: str, keeper: LeaseKeeper) -> None:
-        """Count the failed attempt on the checkpoint (best effort: the batch stays unacked)."""
-        if keeper.lost_reason() is not None:
-            return
-        try:
-            self.store.replace(failed, etag)
-        except Exception as exc:  # noqa: BLE001 - the handler's error is the one to report
-            self._log(logging.WARNING, "attempt_count_failed", error=repr(exc))
-
-    def _commit(
-        self, cp: Checkpoint, etag: str, batch: Batch, keeper: LeaseKeeper
-    ) -> tuple[Checkpoint, str]:
+    def _commit(self, batch: Batch, claim: Claim) -> None:
         cfg = self.config
-        keeper.ensure_held()
+        claim.keeper.ensure_held()
         try:
-            new = cp.advanced(
+            new = claim.checkpoint.advanced(
                 batch.position_after,
                 fence=batch.fence,
                 at=self.clock.now(),
@@ -387,25 +354,17 @@ class Engine:
             )
         except PositionNotForwardError as exc:
             raise PositionRegressionError(
-                cfg.key.poller, str(exc.stored), str(exc.proposed)
+                cfg.key.poller, str(exc.stored), str(exc.proposed), cfg.namespace
             ) from exc
-        new_etag: str | None
         try:
-            new_etag = self.store.replace(new, etag)
-        except (CheckpointConflictError, TransientStoreError) as exc:
-            # Ambiguous: a timeout, or a conflict the SDK's own retry of a write that had in fact
-            # landed produced. Look, rather than guess.
-            new_etag = self._resolve_ambiguous_commit(new, exc)
-            if new_etag is None:
-                if isinstance(exc, CheckpointConflictError):
-                    keeper.mark_lost("checkpoint changed by another writer")
-                    self._log(
-                        logging.WARNING, "commit_rejected", fence=batch.fence, rows=len(batch)
-                    )
-                    self.observer.commit_rejected(batch)
-                else:
-                    self._log(logging.WARNING, "commit_ambiguous_lost", fence=batch.fence)
-                raise
+            claim.write(new)
+        except CheckpointConflictError:
+            self._log(logging.WARNING, "commit_rejected", fence=batch.fence, rows=len(batch))
+            self.observer.commit_rejected(batch)
+            raise
+        except TransientStoreError:
+            self._log(logging.WARNING, "commit_ambiguous_lost", fence=batch.fence)
+            raise
         self._log(
             logging.INFO,
             "batch_committed",
@@ -414,7 +373,6 @@ class Engine:
             attempt=batch.attempt,
             position=new.position,
         )
-        return new, new_etag
 
     def _acknowledge(self, rows: Sequence[SourceRow], batch: Batch) -> None:
         """After the commit: let a source act on the acknowledged rows (an outbox deletes them).
@@ -435,46 +393,7 @@ class Engine:
                 error=f"{type(exc).__name__}: {exc}",
             )
 
-    def _resolve_ambiguous_commit(self, new: Checkpoint, exc: Exception) -> str | None:
-        """Case G: after a commit with an unknown outcome, read back what the store holds.
-
-        Returns the etag if the stored record is exactly the one this commit wrote (same fence,
-        position, stats and commit time: no other writer produces that), else ``None``.
-        """
-        cfg = self.config
-        stored = self._retrying(self.store.read, cfg.key)
-        if stored is not None and stored.checkpoint == new:
-            self._log(
-                logging.WARNING,
-                "commit_ambiguous_landed",
-                fence=new.fence,
-                error=type(exc).__name__,
-            )
-            return stored.etag
-        return None
-
     # -- helpers -----------------------------------------------------------------------------
-
-    def _retrying(self, call: Callable[..., T], *args: object) -> T:
-        """Call with bounded retries of transient infrastructure errors (backoff + jitter)."""
-        cfg = self.config
-        for attempt in range(cfg.infra_retries + 1):
-            try:
-                return call(*args)
-            except (TransientSourceError, TransientStoreError) as exc:
-                if attempt >= cfg.infra_retries:
-                    raise
-                delay = cfg.retry_delay * 2**attempt
-                delay += self._rng.uniform(0, cfg.retry_delay)
-                self._log(
-                    logging.WARNING,
-                    "transient_error_retry",
-                    attempt=attempt + 1,
-                    delay=f"{delay:.2f}s",
-                    error=type(exc).__name__,
-                )
-                self.clock.sleep(delay)
-        raise AssertionError("unreachable")  # pragma: no cover
 
     def _log(self, level: int, action: str, **fields: object) -> None:
         if self.config.chunk is not None:

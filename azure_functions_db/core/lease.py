@@ -7,8 +7,8 @@ import threading
 
 from azure_functions_db.core.clock import Clock
 from azure_functions_db.core.logs import log_event
+from azure_functions_db.core.ports import LeaseGrant, LeaseManager
 from azure_functions_db.errors import AfdbError, LeaseLostError
-from azure_functions_db.ports import LeaseGrant, LeaseManager
 
 logger = logging.getLogger(__name__)
 

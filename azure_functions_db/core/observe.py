@@ -1,11 +1,11 @@
 """What a run reports, and the observer that hears about it while it runs.
 
-The engine calls a :class:`RunObserver` at a few points of a run: when it takes the lease, once
-per committed batch, when the handler fails or a commit is rejected, and once when the run ends
-(every run, including ``lease_held`` and failed ones). Nothing is measured per row. The default
-observer does nothing; :mod:`azure_functions_db.telemetry` turns the calls into OpenTelemetry
-metrics. An observer that raises never changes the outcome of a run: :func:`guarded` logs the
-first such error and carries on.
+The engine calls a :class:`RunObserver` at a few points of a run: when it takes the lease, once per
+committed batch, when the handler fails or a commit is rejected, and once when the run ends (every
+run, including ``lease_held`` and failed ones). Nothing is measured per row. The default observer
+does nothing; :mod:`azure_functions_db.observers.telemetry` turns the calls into OpenTelemetry
+metrics. An observer that raises never changes the outcome of a run: :func:`guarded` logs the first
+such error and carries on.
 """
 
 from __future__ import annotations

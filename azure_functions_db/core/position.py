@@ -17,16 +17,14 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, TypeAlias
 
+from azure_functions_db.errors import CodecError
+
 # A value a cursor or primary-key column may hold.
 KeyValue: TypeAlias = (
     int | str | float | Decimal | dt.datetime | dt.date | dt.time | uuid.UUID | bytes | bool
 )
 # The JSON form of one encoded value: {"t": <tag>, "v": <string>}.
 EncodedValue: TypeAlias = dict[str, str]
-
-
-class CodecError(ValueError):
-    """A value cannot be encoded into, or decoded from, a checkpoint."""
 
 
 def encode_value(value: KeyValue) -> EncodedValue:  # noqa: PLR0911, PLR0912 - one arm per type

@@ -16,12 +16,12 @@ import azure.functions as func
 from azure_functions_db.core.engine import Handler, PollerConfig
 from azure_functions_db.core.handler import check_handler
 from azure_functions_db.core.logs import log_event
+from azure_functions_db.core.ports import Source, StateStore
 from azure_functions_db.errors import (
     ConfigurationError,
 )
 from azure_functions_db.functions.retry import FunctionsRetry
-from azure_functions_db.poller import PollerDefinition, validate_schedule
-from azure_functions_db.ports import Source, StateStore
+from azure_functions_db.runtime.poller import PollerDefinition, validate_schedule
 
 logger = logging.getLogger(__name__)
 

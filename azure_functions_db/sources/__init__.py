@@ -1,4 +1,4 @@
-"""Sources: the adapters of the :class:`~azure_functions_db.ports.Source` port."""
+"""Sources: the adapters of the :class:`~azure_functions_db.core.ports.Source` port."""
 
 from azure_functions_db.sources._dialect_horizons import (
     MssqlRowversionHorizon,
@@ -7,6 +7,7 @@ from azure_functions_db.sources._dialect_horizons import (
     PgXactStartHorizon,
     SqliteClockHorizon,
 )
+from azure_functions_db.sources._target import HorizonTarget
 from azure_functions_db.sources.outbox import OutboxSource
 from azure_functions_db.sources.sqlalchemy import (
     AutoHorizon,
@@ -19,6 +20,7 @@ from azure_functions_db.sources.sqlalchemy import (
 __all__ = [
     "AutoHorizon",
     "HorizonStrategy",
+    "HorizonTarget",
     "LagHorizon",
     "MssqlRowversionHorizon",
     "MysqlTrxHorizon",

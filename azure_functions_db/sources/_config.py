@@ -18,7 +18,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.dialects import mssql
+from sqlalchemy.dialects import mssql, mysql
 from sqlalchemy.sql import visitors
 from sqlalchemy.sql.elements import ColumnClause, ColumnElement, TextClause
 
@@ -28,8 +28,8 @@ from azure_functions_db.errors import (
     ConfigurationError,
     SourceDefinitionError,
 )
-from azure_functions_db.sources._keyset import RESERVED_PREFIX, KeysetQuery, text_filter
-from azure_functions_db.sources._values import column_kind, python_kind
+from azure_functions_db.sources.keyset import RESERVED_PREFIX, KeysetQuery, text_filter
+from azure_functions_db.sources.values import column_kind, python_kind
 
 PLACEHOLDER = re.compile(r"%([A-Za-z_][A-Za-z0-9_]*)%")
 _LISTED_TABLES = 10
@@ -325,13 +325,35 @@ def resolve_where(
     return resolved
 
 
-def check_round_trip(columns: Sequence[sa.Column[Any]], qualified: str) -> None:
-    """Refuse a cursor or key column whose values Python cannot hold exactly.
+def check_round_trip(
+    columns: Sequence[sa.Column[Any]], qualified: str, *, dialect: str = "", driver: str = ""
+) -> None:
+    """Refuse a cursor or key column whose values cannot be bound back exactly.
 
     SQL Server's ``DATETIME2(7)``, ``DATETIMEOFFSET(7)`` and ``TIME(7)`` keep 100 ns; Python's
     datetime keeps 1 us, so the position of a row at ``.1234567`` would bind back as
-    ``.123456``, select no row with ``=`` and never exclude its own row with ``>``.
+    ``.123456``, select no row with ``=`` and never exclude its own row with ``>``. MariaDB
+    Connector/ODBC (``mysql+pyodbc``) binds every date-time without its fraction, so a
+    ``DATETIME(n)``/``TIMESTAMP(n)``/``TIME(n)`` position would re-read its own row for ever; and
+    it binds a Python UUID as a binary GUID that MariaDB's ``UUID`` never equals (rows skipped).
     """
+    if dialect == "mysql" and driver == "pyodbc":
+        for column in columns:
+            fsp = getattr(column.type, "fsp", None)
+            if isinstance(column.type, mysql.DATETIME | mysql.TIMESTAMP | mysql.TIME) and fsp:
+                raise SourceDefinitionError(
+                    f"Column `{column.name}` of `{qualified}` is `{column.type}`, and MariaDB "
+                    "Connector/ODBC (`mysql+pyodbc`) binds date-times without their fractional "
+                    "seconds: a position could not select its own row. Use the native driver "
+                    "(`mysql+pymysql://`), or a whole-second or integer cursor."
+                )
+            if isinstance(column.type, sa.Uuid):
+                raise SourceDefinitionError(
+                    f"Column `{column.name}` of `{qualified}` is `UUID`, and through MariaDB "
+                    "Connector/ODBC (`mysql+pyodbc`) a Python UUID is bound as a binary GUID that "
+                    "never equals the column's own values: a position could not select its own "
+                    "row. Use the native driver (`mysql+pymysql://`)."
+                )
     for column in columns:
         precision = getattr(column.type, "precision", None)
         if isinstance(column.type, mssql.DATETIME2 | mssql.DATETIMEOFFSET | mssql.TIME) and (
@@ -355,6 +377,7 @@ def keyset_query(
     soft_delete: str | None,
     where: ColumnElement[bool] | TextClause | None,
     qualified: str,
+    driver: str = "",
 ) -> KeysetQuery:
     """The statements of a source over the reflected ``table``; errors name what is missing."""
     cursor_columns = [table_column(table, name, "cursor") for name in cursor]
@@ -377,7 +400,7 @@ def keyset_query(
         flag = table_column(table, soft_delete, "soft_delete")
         selected += [flag] if flag not in selected else []
     resolved = resolve_where(where, table, selected, qualified)
-    check_round_trip((*cursor_columns, *pk_columns), qualified)
+    check_round_trip((*cursor_columns, *pk_columns), qualified, dialect=dialect, driver=driver)
     return KeysetQuery(
         table,
         selected=selected,

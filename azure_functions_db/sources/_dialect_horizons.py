@@ -26,18 +26,16 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mssql
 
+from azure_functions_db.core.ports import HorizonHold
 from azure_functions_db.core.position import KeyValue
-from azure_functions_db.errors import ConfigurationError, SourceError
-from azure_functions_db.ports import HorizonHold
-from azure_functions_db.sources._values import column_kind, time_bound
-
-if TYPE_CHECKING:
-    from azure_functions_db.sources.sqlalchemy import SqlSource
+from azure_functions_db.errors import ConfigurationError, HorizonUnavailable
+from azure_functions_db.sources._target import HorizonTarget
+from azure_functions_db.sources.values import column_kind, time_bound
 
 __all__ = [
     "TIME_KINDS",
@@ -143,75 +141,64 @@ SQLITE_NOW_SQL = sa.text("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")
 MSSQL_ROWVERSION_SQL = sa.text("SELECT MIN_ACTIVE_ROWVERSION()")
 
 
-class HorizonUnavailable(SourceError):
-    """The safe horizon cannot be computed (missing privilege, standby server, wrong cursor).
-
-    ``reason`` says why and how to fix it; ``auto`` falls back to ``lag`` on it.
-    """
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-def apply_lag(bound: KeyValue | None, source: SqlSource, now: dt.datetime) -> KeyValue | None:
+def apply_lag(bound: KeyValue | None, target: HorizonTarget, now: dt.datetime) -> KeyValue | None:
     """``min(bound, now - lag)`` for a time cursor with a lag; ``bound`` otherwise."""
-    if source.lag <= dt.timedelta(0):
+    if target.lag <= dt.timedelta(0):
         return bound
-    lagged = time_bound(now - source.lag, source.cursor_columns[0], source.cursor_timezone)
+    lagged = time_bound(now - target.lag, target.cursor, target.zone)
     if lagged is None or bound is None:
         return bound if lagged is None else lagged
     return min(bound, lagged)  # same column, same Python type
 
 
-def pg_cursor_type(source: SqlSource) -> str:
+def pg_cursor_type(target: HorizonTarget) -> str:
     """The PostgreSQL type of the leading cursor column as ``format_type`` spells it."""
-    column = source.cursor_columns[0]
-    engine = source.engine
+    column = target.cursor
+    engine = target.engine
     relation = engine.dialect.identifier_preparer.format_table(column.table)
     with engine.connect() as conn:
         found = conn.execute(PG_COLUMN_TYPE_SQL, {"relation": relation, "column": column.name})
         return str(found.scalar_one())
 
 
-def _usable(strategy: PgXactStartHorizon | MysqlTrxHorizon, source: SqlSource) -> None:
+def _usable(strategy: PgXactStartHorizon | MysqlTrxHorizon, target: HorizonTarget) -> None:
     try:
-        strategy.safe_bound(source)
+        strategy.safe_bound(target)
     except HorizonUnavailable as exc:
         raise ConfigurationError(
-            f"Horizon `{strategy.name}` cannot work for `{source.description.table}`: "
+            f"Horizon `{strategy.name}` cannot work for `{target.table}`: "
             f'{exc.reason}. Or use `horizon="auto"`, which falls back to `lag`.'
         ) from exc
 
 
-def _dialect(source: SqlSource) -> str:
-    return source.engine.dialect.name
+def _dialect(target: HorizonTarget) -> str:
+    return target.engine.dialect.name
 
 
-def _require(source: SqlSource, dialects: tuple[str, ...], method: str) -> None:
-    if _dialect(source) not in dialects:
+def _require(target: HorizonTarget, dialects: tuple[str, ...], method: str) -> None:
+    if _dialect(target) not in dialects:
         raise ConfigurationError(
             f"Horizon `{method}` works on {' or '.join(dialects)} only, but `"
-            f'{source.description.table}` is on {_dialect(source)}. Use `horizon="auto"` or '
+            f'{target.table}` is on {_dialect(target)}. Use `horizon="auto"` or '
             "`LagHorizon()`."
         )
 
 
-def _time_cursor(source: SqlSource, method: str) -> None:
-    column = source.cursor_columns[0]
+def _time_cursor(target: HorizonTarget, method: str) -> None:
+    column = target.cursor
     if column_kind(column) not in TIME_KINDS:
         raise ConfigurationError(
             f"Horizon `{method}` needs a date or date-time cursor, but cursor `{column.name}` of "
-            f'`{source.description.table}` has type `{column.type}`. Use `horizon="auto"`.'
+            f'`{target.table}` has type `{column.type}`. Use `horizon="auto"`.'
         )
 
 
-def _no_lag(source: SqlSource, method: str) -> None:
-    if source.lag > dt.timedelta(0):
-        column = source.cursor_columns[0]
+def _no_lag(target: HorizonTarget, method: str) -> None:
+    if target.lag > dt.timedelta(0):
+        column = target.cursor
         raise ConfigurationError(
-            f"`lag={source.lag.total_seconds():g}` needs a date-time cursor, but horizon "
-            f"`{method}` orders cursor `{column.name}` of `{source.description.table}` by "
+            f"`lag={target.lag.total_seconds():g}` needs a date-time cursor, but horizon "
+            f"`{method}` orders cursor `{column.name}` of `{target.table}` by "
             "transaction, not time. Remove `lag=`: this horizon is exact."
         )
 
@@ -225,22 +212,22 @@ class PgSnapshotHorizon:
 
     name = "pg_snapshot_xmin"
 
-    def prepare(self, source: SqlSource) -> None:
+    def prepare(self, target: HorizonTarget) -> None:
         """Require PostgreSQL, an ``xid8`` leading cursor and no ``lag``."""
-        _require(source, ("postgresql",), self.name)
-        found = pg_cursor_type(source)
+        _require(target, ("postgresql",), self.name)
+        found = pg_cursor_type(target)
         if found != "xid8":
-            column = source.cursor_columns[0]
+            column = target.cursor
             raise ConfigurationError(
                 f"Horizon `{self.name}` needs an `xid8` cursor (stamped with "
                 f"`pg_current_xact_id()`), but cursor `{column.name}` of "
-                f'`{source.description.table}` has type `{found}`. Use `horizon="auto"`.'
+                f'`{target.table}` has type `{found}`. Use `horizon="auto"`.'
             )
-        _no_lag(source, self.name)
+        _no_lag(target, self.name)
 
-    def bound(self, source: SqlSource, now: dt.datetime) -> KeyValue | None:
+    def bound(self, target: HorizonTarget, now: dt.datetime) -> KeyValue | None:
         """The snapshot ``xmin``, as the driver returns ``xid8`` values (psycopg: text)."""
-        with source.engine.connect() as conn:
+        with target.engine.connect() as conn:
             value: Any = conn.execute(PG_SNAPSHOT_SQL).scalar_one()
         return value  # type: ignore[no-any-return]
 
@@ -267,25 +254,27 @@ class PgXactStartHorizon:
         #: The transaction the last bound waited for, if any (see ``Horizon.hold``).
         self.hold: HorizonHold | None = None
 
-    def prepare(self, source: SqlSource) -> None:
+    def prepare(self, target: HorizonTarget) -> None:
         """Require PostgreSQL, a time cursor, and that the role sees every transaction."""
-        _require(source, ("postgresql",), self.name)
-        _time_cursor(source, self.name)
-        _usable(self, source)
+        _require(target, ("postgresql",), self.name)
+        _time_cursor(target, self.name)
+        _usable(self, target)
 
-    def bound(self, source: SqlSource, now: dt.datetime) -> KeyValue | None:
+    def bound(self, target: HorizonTarget, now: dt.datetime) -> KeyValue | None:
         """``min(oldest xact_start, server clock - settle, now - lag)`` in the column's form."""
-        return apply_lag(self.safe_bound(source), source, now)
+        return apply_lag(self.safe_bound(target), target, now)
 
-    def safe_bound(self, source: SqlSource) -> KeyValue | None:
+    def safe_bound(self, target: HorizonTarget) -> KeyValue | None:
         """The bound without ``lag``; raises :class:`HorizonUnavailable`."""
-        with source.engine.connect() as conn:
+        with target.engine.connect() as conn:
             row = conn.execute(PG_XACT_START_SQL).one()
         if not row.sees_all:
-            user = source.engine.url.username or "the role"
+            user = target.engine.url.username or "the role"
+            grant = f"GRANT pg_read_all_stats TO {user}"
             raise HorizonUnavailable(
                 f"role `{user}` cannot see other sessions' transactions in pg_stat_activity; "
-                f"fix: `GRANT pg_read_all_stats TO {user}`"
+                f"fix: `{grant}`",
+                fix=grant,
             )
         if row.standby:
             raise HorizonUnavailable(
@@ -302,18 +291,16 @@ class PgXactStartHorizon:
                 logger.warning(
                     "action=horizon_held table=%s reason=prepared_transaction transaction=%s "
                     "note=its_start_is_unknown_no_new_rows_until_COMMIT_or_ROLLBACK_PREPARED",
-                    source.description.table,
+                    target.table,
                     str(row.prepared).replace(" ", "_"),
                 )
-            return time_bound(HELD_ENTIRELY, source.cursor_columns[0], source.cursor_timezone)
+            return time_bound(HELD_ENTIRELY, target.cursor, target.zone)
         oldest: dt.datetime = row.server_now - self.settle
         for held, holder in ((row.oldest, row.holder), (row.untracked, row.untracked_holder)):
             if held is not None and held < oldest:
                 oldest = held
                 self.hold = HorizonHold(since=held.replace(tzinfo=dt.UTC), holder=str(holder))
-        return time_bound(
-            oldest.replace(tzinfo=dt.UTC), source.cursor_columns[0], source.cursor_timezone
-        )
+        return time_bound(oldest.replace(tzinfo=dt.UTC), target.cursor, target.zone)
 
     def __repr__(self) -> str:
         return f"PgXactStartHorizon(settle={self.settle!r})"
@@ -337,17 +324,17 @@ class MysqlTrxHorizon:
         #: The transaction the last bound waited for, if any (see ``Horizon.hold``).
         self.hold: HorizonHold | None = None
 
-    def prepare(self, source: SqlSource) -> None:
+    def prepare(self, target: HorizonTarget) -> None:
         """Require MySQL/MariaDB, a time cursor and the ``PROCESS`` privilege."""
-        _require(source, ("mysql", "mariadb"), self.name)
-        _time_cursor(source, self.name)
-        _usable(self, source)
+        _require(target, ("mysql", "mariadb"), self.name)
+        _time_cursor(target, self.name)
+        _usable(self, target)
 
-    def bound(self, source: SqlSource, now: dt.datetime) -> KeyValue | None:
+    def bound(self, target: HorizonTarget, now: dt.datetime) -> KeyValue | None:
         """``min(oldest trx_started - settle, server clock - settle, now - lag)``."""
-        return apply_lag(self.safe_bound(source), source, now)
+        return apply_lag(self.safe_bound(target), target, now)
 
-    def safe_bound(self, source: SqlSource) -> KeyValue | None:
+    def safe_bound(self, target: HorizonTarget) -> KeyValue | None:
         """The bound without ``lag``; raises :class:`HorizonUnavailable`."""
         # InnoDB serves information_schema.innodb_trx from a cache it refreshes only when the
         # cache was last read more than 0.1 s ago: read it more often and every read gets the
@@ -357,17 +344,18 @@ class MysqlTrxHorizon:
         if wait > 0:
             time.sleep(wait)
         try:
-            mariadb = bool(getattr(source.engine.dialect, "is_mariadb", False))
-            with source.engine.connect() as conn:
+            mariadb = bool(getattr(target.engine.dialect, "is_mariadb", False))
+            with target.engine.connect() as conn:
                 row = conn.execute(MARIADB_TRX_SQL if mariadb else MYSQL_TRX_SQL).one()
             self._last_read = time.monotonic()
         except sa.exc.DBAPIError as exc:
             message = str(exc.orig).lower()
             if "access denied" in message or "process privilege" in message:
-                user = source.engine.url.username or "the user"
+                user = target.engine.url.username or "the user"
+                grant = f"GRANT PROCESS ON *.* TO {user}"
                 raise HorizonUnavailable(
-                    f"user `{user}` may not read information_schema.innodb_trx; fix: "
-                    f"`GRANT PROCESS ON *.* TO {user}`"
+                    f"user `{user}` may not read information_schema.innodb_trx; fix: `{grant}`",
+                    fix=grant,
                 ) from exc
             raise
         utc_now: dt.datetime = row.utc_now
@@ -388,8 +376,8 @@ class MysqlTrxHorizon:
             oldest = min(oldest, row.statement)
         return time_bound(
             (oldest - self.settle).replace(tzinfo=dt.UTC),
-            source.cursor_columns[0],
-            source.cursor_timezone,
+            target.cursor,
+            target.zone,
         )
 
     def __repr__(self) -> str:
@@ -411,18 +399,18 @@ class SqliteClockHorizon:
     def __init__(self, settle: dt.timedelta = DEFAULT_SETTLE) -> None:
         self.settle = settle
 
-    def prepare(self, source: SqlSource) -> None:
+    def prepare(self, target: HorizonTarget) -> None:
         """Require SQLite and a date or date-time cursor."""
-        _require(source, ("sqlite",), self.name)
-        _time_cursor(source, self.name)
+        _require(target, ("sqlite",), self.name)
+        _time_cursor(target, self.name)
 
-    def bound(self, source: SqlSource, now: dt.datetime) -> KeyValue | None:
+    def bound(self, target: HorizonTarget, now: dt.datetime) -> KeyValue | None:
         """``min(SQLite's clock - settle, now - lag)``."""
-        with source.engine.connect() as conn:
+        with target.engine.connect() as conn:
             text = conn.execute(SQLITE_NOW_SQL).scalar_one()
         clock = dt.datetime.fromisoformat(str(text)).replace(tzinfo=dt.UTC)
-        bound = time_bound(clock - self.settle, source.cursor_columns[0], source.cursor_timezone)
-        return apply_lag(bound, source, now)
+        bound = time_bound(clock - self.settle, target.cursor, target.zone)
+        return apply_lag(bound, target, now)
 
     def __repr__(self) -> str:
         return f"SqliteClockHorizon(settle={self.settle!r})"
@@ -437,21 +425,21 @@ class MssqlRowversionHorizon:
 
     name = "mssql_min_active_rowversion"
 
-    def prepare(self, source: SqlSource) -> None:
+    def prepare(self, target: HorizonTarget) -> None:
         """Require SQL Server, a ``rowversion`` leading cursor and no ``lag``."""
-        _require(source, ("mssql",), self.name)
-        column = source.cursor_columns[0]
+        _require(target, ("mssql",), self.name)
+        column = target.cursor
         if not isinstance(column.type, mssql.TIMESTAMP):
             raise ConfigurationError(
                 f"Horizon `{self.name}` needs a `rowversion` cursor, but cursor `{column.name}` "
-                f"of `{source.description.table}` has type `{column.type}`. Use "
+                f"of `{target.table}` has type `{column.type}`. Use "
                 '`horizon="auto"`.'
             )
-        _no_lag(source, self.name)
+        _no_lag(target, self.name)
 
-    def bound(self, source: SqlSource, now: dt.datetime) -> KeyValue | None:
+    def bound(self, target: HorizonTarget, now: dt.datetime) -> KeyValue | None:
         """``MIN_ACTIVE_ROWVERSION()`` as 8 bytes."""
-        with source.engine.connect() as conn:
+        with target.engine.connect() as conn:
             value = conn.execute(MSSQL_ROWVERSION_SQL).scalar_one()
         return bytes(value)
 

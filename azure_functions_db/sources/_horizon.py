@@ -15,17 +15,16 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from sqlalchemy.dialects import mssql
 
+from azure_functions_db.core.ports import HorizonHold
 from azure_functions_db.core.position import KeyValue
-from azure_functions_db.errors import ConfigurationError
-from azure_functions_db.ports import HorizonHold
+from azure_functions_db.errors import ConfigurationError, HorizonUnavailable
 from azure_functions_db.sources._dialect_horizons import (
     DEFAULT_SETTLE,
     TIME_KINDS,
-    HorizonUnavailable,
     MssqlRowversionHorizon,
     MysqlTrxHorizon,
     PgSnapshotHorizon,
@@ -33,15 +32,13 @@ from azure_functions_db.sources._dialect_horizons import (
     SqliteClockHorizon,
     pg_cursor_type,
 )
-from azure_functions_db.sources._values import column_kind, time_bound
-
-if TYPE_CHECKING:
-    from azure_functions_db.sources.sqlalchemy import SqlSource
-
+from azure_functions_db.sources._target import HorizonTarget
+from azure_functions_db.sources.values import column_kind, time_bound
 
 __all__ = [
     "AutoHorizon",
     "HorizonStrategy",
+    "HorizonTarget",
     "LagHorizon",
     "MssqlRowversionHorizon",
     "MysqlTrxHorizon",
@@ -62,16 +59,16 @@ class HorizonStrategy(Protocol):
     every batch and returns the exclusive upper bound on the leading cursor column, ``None`` for
     no bound. Strategies that ask the database (PostgreSQL snapshot ``xmin`` or oldest
     ``xact_start``, SQL Server ``MIN_ACTIVE_ROWVERSION()``, MySQL ``innodb_trx``) connect through
-    ``source.engine``; the lag strategy costs no round trip.
+    ``target.engine``; the lag strategy costs no round trip.
     """
 
     name: str
 
-    def prepare(self, source: SqlSource) -> None:
-        """Check once, at open, that this strategy works for ``source``."""
+    def prepare(self, target: HorizonTarget) -> None:
+        """Check once, at open, that this strategy works for ``target``."""
         ...
 
-    def bound(self, source: SqlSource, now: dt.datetime) -> KeyValue | None:
+    def bound(self, target: HorizonTarget, now: dt.datetime) -> KeyValue | None:
         """The exclusive upper bound for the next batch; ``now`` is the clock's aware UTC time."""
         ...
 
@@ -81,10 +78,10 @@ class NoHorizon:
 
     name = "none"
 
-    def prepare(self, source: SqlSource) -> None:
+    def prepare(self, target: HorizonTarget) -> None:
         """Nothing to check."""
 
-    def bound(self, source: SqlSource, now: dt.datetime) -> KeyValue | None:
+    def bound(self, target: HorizonTarget, now: dt.datetime) -> KeyValue | None:
         """Always ``None``."""
         return None
 
@@ -101,20 +98,20 @@ class LagHorizon:
 
     name = "lag"
 
-    def prepare(self, source: SqlSource) -> None:
+    def prepare(self, target: HorizonTarget) -> None:
         """Reject a cursor that is not a date or date-time: lag is measured in time."""
-        column = source.cursor_columns[0]
+        column = target.cursor
         if column_kind(column) not in ("datetime", "datetime_tz", "date"):
             raise ConfigurationError(
-                f"`lag={source.lag.total_seconds():g}` needs a date or date-time cursor, but "
-                f"cursor `{column.name}` of `{source.description.table}` has type "
+                f"`lag={target.lag.total_seconds():g}` needs a date or date-time cursor, but "
+                f"cursor `{column.name}` of `{target.table}` has type "
                 f"`{column.type}`. Remove `lag=` (or set it to 0), or use a time cursor such as "
                 "`updated_at`."
             )
 
-    def bound(self, source: SqlSource, now: dt.datetime) -> KeyValue | None:
+    def bound(self, target: HorizonTarget, now: dt.datetime) -> KeyValue | None:
         """``now - lag`` in the form the leading cursor column compares with."""
-        return time_bound(now - source.lag, source.cursor_columns[0], source.cursor_timezone)
+        return time_bound(now - target.lag, target.cursor, target.zone)
 
     def __repr__(self) -> str:
         return "LagHorizon()"
@@ -143,31 +140,32 @@ class AutoHorizon:
     def __init__(self, settle: dt.timedelta = DEFAULT_SETTLE) -> None:
         self.name = "auto"
         self.detail = ""
+        self.fix: str | None = None  # after a fallback: the statement that restores the method
         self.settle = settle
         self.chosen: HorizonStrategy | None = None
         self._warned = False
 
-    def prepare(self, source: SqlSource) -> None:
-        """Choose the strategy for ``source``'s dialect and cursor, checking its privileges."""
-        dialect = source.engine.dialect.name
-        column = source.cursor_columns[0]
+    def prepare(self, target: HorizonTarget) -> None:
+        """Choose the strategy for ``target``'s dialect and cursor, checking its privileges."""
+        dialect = target.engine.dialect.name
+        column = target.cursor
         kind = column_kind(column)
         safe: PgSnapshotHorizon | PgXactStartHorizon | MysqlTrxHorizon | MssqlRowversionHorizon
         if dialect == "sqlite":
             if kind in TIME_KINDS:
-                self._choose(source, SqliteClockHorizon(self.settle), "")
+                self._choose(target, SqliteClockHorizon(self.settle), "")
                 return
-            baseline = _baseline(source)
+            baseline = _baseline(target)
             logger.info(
                 "action=horizon_choice table=%s dialect=sqlite cursor=%s method=%s reason=%s",
-                source.description.table,
+                target.table,
                 column.name,
                 baseline.name,
                 "not_a_time_cursor_sqlite_writers_are_serial",
             )
-            self._choose(source, baseline, "")
+            self._choose(target, baseline, "")
             return
-        if dialect == "postgresql" and pg_cursor_type(source) == "xid8":
+        if dialect == "postgresql" and pg_cursor_type(target) == "xid8":
             safe = PgSnapshotHorizon()
         elif dialect == "postgresql" and kind in TIME_KINDS:
             safe = PgXactStartHorizon(self.settle)
@@ -176,26 +174,26 @@ class AutoHorizon:
         elif dialect == "mssql" and isinstance(column.type, mssql.TIMESTAMP):
             safe = MssqlRowversionHorizon()
         else:
-            self._fall_back(source, _no_safe_method(source, dialect))
+            self._fall_back(target, _no_safe_method(target, dialect))
             return
         if isinstance(safe, PgXactStartHorizon | MysqlTrxHorizon):
             try:
-                safe.safe_bound(source)
+                safe.safe_bound(target)
             except HorizonUnavailable as exc:
-                self._fall_back(source, exc.reason)
+                self._fall_back(target, exc.reason, exc.fix)
                 return
-        self._choose(source, safe, "")
+        self._choose(target, safe, "")
 
-    def bound(self, source: SqlSource, now: dt.datetime) -> KeyValue | None:
+    def bound(self, target: HorizonTarget, now: dt.datetime) -> KeyValue | None:
         """The chosen strategy's bound; on a lost privilege, the fallback's (and one warning)."""
         if self.chosen is None:
-            self.prepare(source)
+            self.prepare(target)
         assert self.chosen is not None
         try:
-            return self.chosen.bound(source, now)
+            return self.chosen.bound(target, now)
         except HorizonUnavailable as exc:
-            self._fall_back(source, exc.reason)
-            return self.chosen.bound(source, now)
+            self._fall_back(target, exc.reason, exc.fix)
+            return self.chosen.bound(target, now)
 
     @property
     def hold(self) -> HorizonHold | None:
@@ -203,41 +201,41 @@ class AutoHorizon:
         hold: HorizonHold | None = getattr(self.chosen, "hold", None)
         return hold
 
-    def _choose(self, source: SqlSource, strategy: HorizonStrategy, detail: str) -> None:
+    def _choose(self, target: HorizonTarget, strategy: HorizonStrategy, detail: str) -> None:
         if detail == "":
-            strategy.prepare(source)
-        self.chosen, self.name, self.detail = strategy, strategy.name, detail
+            strategy.prepare(target)
+        self.chosen, self.name, self.detail, self.fix = strategy, strategy.name, detail, None
 
-    def _fall_back(self, source: SqlSource, reason: str) -> None:
-        fallback = _baseline(source)
-        fallback.prepare(source)
-        margin = f"lag={source.lag.total_seconds():g}s" if source.lag else "no horizon (lag=0)"
+    def _fall_back(self, target: HorizonTarget, reason: str, fix: str | None = None) -> None:
+        fallback = _baseline(target)
+        fallback.prepare(target)
+        margin = f"lag={target.lag.total_seconds():g}s" if target.lag else "no horizon (lag=0)"
         detail = f"commit-safe horizon unavailable, using {margin}: {reason}"
         if not self._warned:
             self._warned = True
             logger.warning(
                 "action=horizon_fallback table=%s dialect=%s cursor=%s method=%s reason=%s; rows "
                 "of transactions that commit late can be missed until this is fixed",
-                source.description.table,
-                source.engine.dialect.name,
-                source.cursor_columns[0].name,
+                target.table,
+                target.engine.dialect.name,
+                target.cursor.name,
                 fallback.name,
                 detail,
             )
-        self.chosen, self.name, self.detail = fallback, fallback.name, detail
+        self.chosen, self.name, self.detail, self.fix = fallback, fallback.name, detail, fix
 
     def __repr__(self) -> str:
         return f"AutoHorizon(settle={self.settle!r})"
 
 
-def _baseline(source: SqlSource) -> HorizonStrategy:
-    if source.lag > dt.timedelta(0):
+def _baseline(target: HorizonTarget) -> HorizonStrategy:
+    if target.lag > dt.timedelta(0):
         return LagHorizon()
     return NoHorizon()
 
 
-def _no_safe_method(source: SqlSource, dialect: str) -> str:
-    column = source.cursor_columns[0]
+def _no_safe_method(target: HorizonTarget, dialect: str) -> str:
+    column = target.cursor
     fixes = {
         "postgresql": "stamp a `timestamptz` cursor with `now()`, or an `xid8` cursor with "
         "`pg_current_xact_id()`",

@@ -19,9 +19,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from azure_functions_db.core.ports import Horizon
 from azure_functions_db.core.position import Position
-from azure_functions_db.ports import Horizon
-from azure_functions_db.sources._keyset import KeysetQuery
+from azure_functions_db.sources.keyset import KeysetQuery
 
 
 def backlog_statement(

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from azure_functions_db.core.batch import Change
+from azure_functions_db.core.ports import SourceRow
 from azure_functions_db.core.position import Position
-from azure_functions_db.ports import SourceRow
 
 Picker = Callable[[Sequence[Any]], tuple[Any, ...]]
 

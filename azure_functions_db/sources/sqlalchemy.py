@@ -24,26 +24,26 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.sql.elements import ColumnElement, TextClause
 
-from azure_functions_db.clock import SystemClock
 from azure_functions_db.core.batch import Change
 from azure_functions_db.core.checkpoint import SourceDescription
-from azure_functions_db.core.clock import Clock
-from azure_functions_db.core.position import CodecError, KeyValue, Position
+from azure_functions_db.core.clock import Clock, SystemClock
+from azure_functions_db.core.ports import Horizon, SourceHealth, SourceRow
+from azure_functions_db.core.position import KeyValue, Position
 from azure_functions_db.errors import (
     AfdbError,
+    CodecError,
     ConfigurationError,
     NullCursorError,
     SourceDefinitionError,
     SourceError,
 )
-from azure_functions_db.ports import Horizon, SourceHealth, SourceRow
 from azure_functions_db.sources import _collations as collations
 from azure_functions_db.sources import _config as config
 from azure_functions_db.sources import _engine as engines
-from azure_functions_db.sources import _health as health
 from azure_functions_db.sources import _lag as backlog
 from azure_functions_db.sources import _sqlite_times as sqlite_times
 from azure_functions_db.sources import _zones as zones
+from azure_functions_db.sources import health
 from azure_functions_db.sources._errors import translate
 from azure_functions_db.sources._horizon import (
     AutoHorizon,
@@ -51,9 +51,10 @@ from azure_functions_db.sources._horizon import (
     LagHorizon,
     NoHorizon,
 )
-from azure_functions_db.sources._keyset import KeysetQuery, deletion_test, picker
 from azure_functions_db.sources._rows import RowShape
-from azure_functions_db.sources._values import parse_cursor
+from azure_functions_db.sources._target import HorizonTarget
+from azure_functions_db.sources.keyset import KeysetQuery, deletion_test, picker
+from azure_functions_db.sources.values import parse_cursor
 
 __all__ = ["AutoHorizon", "HorizonStrategy", "LagHorizon", "NoHorizon", "SqlSource"]
 
@@ -196,18 +197,8 @@ class SqlSource:
         )
 
     @property
-    def lag(self) -> dt.timedelta:
-        """How long a row must age before it is read (zero: no lag)."""
-        return self._lag
-
-    @property
-    def cursor_timezone(self) -> dt.tzinfo:
-        """The zone a naive date-time cursor holds wall-clock time in (UTC unless configured)."""
-        return self._zone
-
-    @property
     def engine(self) -> sa.Engine:
-        """The SQLAlchemy engine (for horizon strategies); raises if the source is not open."""
+        """The SQLAlchemy engine; raises if the source is not open."""
         self._require_open()
         assert self._engine is not None
         return self._engine
@@ -251,7 +242,7 @@ class SqlSource:
                         self._clock.now(),
                         explicit=self._zone_given,
                     )
-            self._engine, self._query = engine, self._build(table, engine.dialect.name)
+            self._engine, self._query = engine, self._build(table, engine.dialect)
             names = tuple(column.name for column in self._query.selected)
             self._shape = RowShape(
                 names,
@@ -268,7 +259,7 @@ class SqlSource:
                 where=self._where_print,
                 columns=names,
             )
-            self._horizon.prepare(self)
+            self._horizon.prepare(self.horizon_target())
         except BaseException:
             self._engine = self._query = self._description = None
             engine.dispose()
@@ -286,12 +277,13 @@ class SqlSource:
         """The bound of the next batch, from the horizon strategy (the lag costs no query)."""
         self._require_open()
         with self._db_errors("horizon"):
-            bound = self._horizon.bound(self, self._clock.now())
+            bound = self._horizon.bound(self.horizon_target(), self._clock.now())
         return Horizon(
             bound=bound,
             method=self._horizon.name if bound is not None else "none",
             detail=getattr(self._horizon, "detail", ""),
             hold=getattr(self._horizon, "hold", None),
+            fix=getattr(self._horizon, "fix", None),
         )
 
     def fetch(self, after: Position | None, limit: int, horizon: Horizon) -> Sequence[SourceRow]:
@@ -374,8 +366,7 @@ class SqlSource:
         return SourceHealth(null_cursor_rows=null_rows, warnings=tuple(warnings))
 
     def describe_order(self) -> list[str]:
-        """How the database compares the key: text columns' collations, a naive cursor's
-        zones (for ``afdb validate``; the queries follow these rules already)."""
+        """How the database compares the key (collations, a naive cursor's zones): validate."""
         query = self._require_open()
         columns = [*query.cursor, *query.pk]
         with self._db_errors("describe"), self.engine.connect() as conn:
@@ -425,10 +416,21 @@ class SqlSource:
             self._table_name, self._schema, existing, self._masked_url
         ) from None
 
-    def _build(self, table: sa.Table, dialect: str) -> KeysetQuery:
+    def horizon_target(self) -> HorizonTarget:
+        """What the horizon strategy is given of this source (and nothing else)."""
+        return HorizonTarget(
+            engine=self.engine,
+            cursor=self.cursor_columns[0],
+            zone=self._zone,
+            lag=self._lag,
+            table=self._qualified,
+        )
+
+    def _build(self, table: sa.Table, dialect: sa.Dialect) -> KeysetQuery:
         return config.keyset_query(
             table,
-            dialect,
+            dialect.name,
+            driver=dialect.driver,
             cursor=self._cursor_names,
             pk=self._pk_names,
             columns=self._column_names,
@@ -471,8 +473,8 @@ class SqlSource:
 
     def _unstorable(self, exc: CodecError) -> SourceError:
         return SourceError(
-            f"A row of `{self._qualified}` has a cursor or key value that a checkpoint cannot "
-            f"hold: {exc}"
+            f"A row of `{self._qualified}` has a cursor or key value a checkpoint cannot hold: "
+            f"{exc}"
         )
 
     @contextmanager

@@ -5,11 +5,7 @@ under its own fenced checkpoint in the backfill namespace (see ``docs/backfill.m
 this package does not import pyspark; only running a backfill does.
 """
 
-from azure_functions_db.spark.job import (
-    BackfillError,
-    BackfillProgress,
-    BackfillReport,
-    backfill,
-)
+from azure_functions_db.errors import BackfillError
+from azure_functions_db.spark.job import BackfillProgress, BackfillReport, backfill
 
 __all__ = ["BackfillError", "BackfillProgress", "BackfillReport", "backfill"]

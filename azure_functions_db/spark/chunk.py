@@ -17,13 +17,14 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from azure_functions_db.core.checkpoint import PollerKey, SourceDescription, StaleFenceError
+from azure_functions_db.core.checkpoint import PollerKey, SourceDescription
+from azure_functions_db.core.claim import Claimer
 from azure_functions_db.core.engine import Engine
 from azure_functions_db.core.logs import log_event
+from azure_functions_db.core.ports import Horizon, Source, SourceHealth, SourceRow, StateStore
 from azure_functions_db.core.position import KeyValue, Position
-from azure_functions_db.errors import FenceBehindCheckpointError, SourceError
-from azure_functions_db.poller import PollerDefinition, default_owner
-from azure_functions_db.ports import Horizon, Source, SourceHealth, SourceRow, StateStore
+from azure_functions_db.errors import SourceError
+from azure_functions_db.runtime.poller import PollerDefinition, default_owner
 from azure_functions_db.spark.records import ChunkRange, chunk_key, chunk_range
 
 logger = logging.getLogger(__name__)
@@ -176,33 +177,24 @@ def _mark_finished(store: StateStore, engine: Engine, chunk: ChunkRange) -> bool
     comparison. Returns ``False`` if another attempt holds the lease (the caller retries).
     """
     cfg = engine.config
-    grant = store.acquire(cfg.key, engine.owner, cfg.lease_duration)
-    if grant is None:
-        return False
-    try:
-        stored = store.read(cfg.key)
-        assert stored is not None
-        current = stored.checkpoint
+    claimer = Claimer(
+        store, cfg.key, owner=engine.owner, duration=cfg.lease_duration, clock=engine.clock
+    )
+    with claimer.hold(None) as claim:
+        if claim is None:
+            return False
+        current = claim.checkpoint
         if chunk.finished(current):
             return True
-        try:
-            claimed = current.fenced(grant.fence)
-        except StaleFenceError as exc:
-            raise FenceBehindCheckpointError(
-                cfg.key.poller, cfg.namespace, grant.fence, exc.stored
-            ) from exc
-        etag = store.replace(claimed, stored.etag)
         # The engine's last run read the rows after `current` up to `end` in the database's
         # order and found none left: the range is done, whatever Python would say of the two.
-        moved = claimed.advanced(
+        moved = current.advanced(
             chunk.end,
-            fence=grant.fence,
+            fence=claim.fence,
             at=engine.clock.now(),
             rows=0,
             source=None,
             read_after=current.position,
         )
-        store.replace(dataclasses.replace(moved, stats=claimed.stats), etag)
+        claim.write(dataclasses.replace(moved, stats=current.stats))
         return True
-    finally:
-        store.release(grant)

@@ -20,24 +20,16 @@ from pathlib import Path
 from typing import Any
 
 from azure_functions_db.core.logs import log_event
+from azure_functions_db.core.ports import StateStore
 from azure_functions_db.core.position import KeyValue, Position
-from azure_functions_db.errors import AfdbError, ConfigurationError
-from azure_functions_db.poller import STATE_DIR_SETTING, PollerDefinition
-from azure_functions_db.ports import StateStore
+from azure_functions_db.errors import BackfillError, ConfigurationError
+from azure_functions_db.runtime.poller import STATE_DIR_SETTING, PollerDefinition
 from azure_functions_db.spark.chunk import ChunkResult
 from azure_functions_db.spark.plan import parse_bounds, prepare_run
 from azure_functions_db.spark.records import ChunkRange, RunRecord, check_run_id, chunk_key
 from azure_functions_db.spark.task import ChunkTask, app_settings, run_chunk_task
 
 logger = logging.getLogger(__name__)
-
-
-class BackfillError(AfdbError):
-    """A backfill's Spark job failed; finished chunks keep their checkpoints.
-
-    Fix the cause (the message names the first error a task raised) and rerun with the same
-    ``--run-id``: finished chunks are skipped, the others resume from their checkpoints.
-    """
 
 
 @dataclass(frozen=True)
@@ -175,7 +167,7 @@ def backfill(
         if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
             raise ConfigurationError(f"`partitions={partitions!r}` must be a positive integer.")
         lo, hi = parse_bounds(source, start, end)
-        from azure_functions_db.operations import operator_identity
+        from azure_functions_db.ops.seek import operator_identity
 
         record, chunks = prepare_run(
             definition,
@@ -268,7 +260,7 @@ def _resolve(
     app: str | os.PathLike[str] | PollerDefinition, poller: str | None
 ) -> tuple[str, PollerDefinition]:
     """The importable app spec for the executors, and the poller's definition on the driver."""
-    from azure_functions_db.loader import load_pollers
+    from azure_functions_db.runtime.loader import load_pollers
 
     if isinstance(app, PollerDefinition):
         module = sys.modules.get(getattr(app.handler, "__module__", "") or "")

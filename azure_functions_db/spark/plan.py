@@ -31,17 +31,17 @@ from sqlalchemy import exc as sa_exc
 
 from azure_functions_db.core.checkpoint import Checkpoint, SeekAudit
 from azure_functions_db.core.logs import log_event
+from azure_functions_db.core.ports import BacklogSource, Horizon, Source, StateStore
 from azure_functions_db.core.position import KeyValue, Position
 from azure_functions_db.errors import (
     ConfigurationError,
     RecordExistsError,
     SourceError,
 )
-from azure_functions_db.operations import move_checkpoint
-from azure_functions_db.poller import PollerDefinition
-from azure_functions_db.ports import BacklogSource, Horizon, Source, StateStore
+from azure_functions_db.ops.seek import move_checkpoint
+from azure_functions_db.runtime.poller import PollerDefinition
 from azure_functions_db.sources import SqlSource
-from azure_functions_db.sources._keyset import after_predicate, bound_value, upto_predicate
+from azure_functions_db.sources.keyset import after_predicate, bound_value, upto_predicate
 from azure_functions_db.spark.records import (
     ChunkRange,
     RunRecord,

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from azure_functions_db.errors import ConfigurationError
-from azure_functions_db.poller import PollerDefinition
+from azure_functions_db.runtime.poller import PollerDefinition
 from azure_functions_db.spark.chunk import ChunkResult, run_chunk
 
 #: Driver environment variables that describe the driver's machine or process, not the app; they
@@ -99,7 +99,7 @@ def definition_for(
     app: str, poller: str, settings: tuple[tuple[str, str], ...]
 ) -> PollerDefinition:
     """The poller ``poller`` of ``app``, imported once per process and settings."""
-    from azure_functions_db.loader import load_pollers
+    from azure_functions_db.runtime.loader import load_pollers
 
     cache_key = (app, poller, settings)
     with _lock:

@@ -1,4 +1,4 @@
-"""Adapters of the :class:`~azure_functions_db.ports.StateStore` port.
+"""Adapters of the :class:`~azure_functions_db.core.ports.StateStore` port.
 
 - :class:`MemoryStateStore`: in this process's memory (tests, experiments).
 - :class:`LocalStateStore`: files under one directory, safe across processes on one machine

@@ -16,14 +16,14 @@ from dataclasses import dataclass
 
 from azure_functions_db.core.checkpoint import Checkpoint, PollerKey, decode_checkpoint
 from azure_functions_db.core.logs import log_event
-from azure_functions_db.core.position import CodecError
+from azure_functions_db.core.ports import LeaseGrant, LeaseInfo
 from azure_functions_db.errors import (
     CheckpointConflictError,
     CheckpointCorruptError,
+    CodecError,
     ConfigurationError,
     LeaseLostError,
 )
-from azure_functions_db.ports import LeaseGrant, LeaseInfo
 
 logger = logging.getLogger(__name__)
 

@@ -39,13 +39,13 @@ from azure.storage.blob import (
 )
 
 from azure_functions_db.core.checkpoint import Checkpoint, PollerKey, encode_checkpoint
+from azure_functions_db.core.ports import LeaseGrant, LeaseInfo, StoredCheckpoint
 from azure_functions_db.errors import (
     ConfigurationError,
     LeaseLostError,
     RecordExistsError,
     StateStoreError,
 )
-from azure_functions_db.ports import LeaseGrant, LeaseInfo, StoredCheckpoint
 from azure_functions_db.state import _common
 from azure_functions_db.state._azure import (
     CLIENT_OPTIONS,
@@ -171,7 +171,7 @@ class BlobStateStore:
     # -- CheckpointStore ---------------------------------------------------------------------
 
     def read(self, key: PollerKey) -> StoredCheckpoint | None:
-        """See :meth:`azure_functions_db.ports.CheckpointStore.read`."""
+        """See :meth:`azure_functions_db.core.ports.CheckpointStore.read`."""
         found = self._download(self.checkpoint_name(key))
         if found is None:
             return None
@@ -179,7 +179,7 @@ class BlobStateStore:
         return StoredCheckpoint(_common.decode_record(key, data), etag)
 
     def create(self, checkpoint: Checkpoint) -> str:
-        """See :meth:`azure_functions_db.ports.CheckpointStore.create`."""
+        """See :meth:`azure_functions_db.core.ports.CheckpointStore.create`."""
         key = checkpoint.key
         data = encode_checkpoint(checkpoint)
         blob = self._blob(self.checkpoint_name(key))
@@ -192,7 +192,7 @@ class BlobStateStore:
         return str(result["etag"])
 
     def replace(self, checkpoint: Checkpoint, etag: str) -> str:
-        """See :meth:`azure_functions_db.ports.CheckpointStore.replace`."""
+        """See :meth:`azure_functions_db.core.ports.CheckpointStore.replace`."""
         key = checkpoint.key
         data = encode_checkpoint(checkpoint)
         blob = self._blob(self.checkpoint_name(key))
@@ -208,7 +208,7 @@ class BlobStateStore:
         return str(result["etag"])
 
     def list_keys(self, namespace: str | None = None) -> Sequence[PollerKey]:
-        """See :meth:`azure_functions_db.ports.CheckpointStore.list_keys`."""
+        """See :meth:`azure_functions_db.core.ports.CheckpointStore.list_keys`."""
         prefix = f"{encode_name(namespace)}/" if namespace is not None else None
         keys: list[PollerKey] = []
         try:
@@ -225,7 +225,7 @@ class BlobStateStore:
     # -- LeaseManager ------------------------------------------------------------------------
 
     def acquire(self, key: PollerKey, owner: str, duration: float) -> LeaseGrant | None:
-        """See :meth:`azure_functions_db.ports.LeaseManager.acquire`."""
+        """See :meth:`azure_functions_db.core.ports.LeaseManager.acquire`."""
         seconds = _lease_seconds(duration)
         blob = self._blob(self.lease_name(key))
         lease = BlobLeaseClient(blob, lease_id=str(uuid.uuid4()))
@@ -255,7 +255,7 @@ class BlobStateStore:
         return LeaseGrant(key=key, lease_id=lease.id, owner=owner, fence=fence, duration=seconds)
 
     def renew(self, grant: LeaseGrant) -> None:
-        """See :meth:`azure_functions_db.ports.LeaseManager.renew`."""
+        """See :meth:`azure_functions_db.core.ports.LeaseManager.renew`."""
         lease = BlobLeaseClient(self._blob(self.lease_name(grant.key)), lease_id=grant.lease_id)
         try:
             lease.renew()
@@ -269,7 +269,7 @@ class BlobStateStore:
             raise translate_error(exc, _BLOB, "renew the lease of", grant.key) from exc
 
     def release(self, grant: LeaseGrant) -> None:
-        """See :meth:`azure_functions_db.ports.LeaseManager.release`."""
+        """See :meth:`azure_functions_db.core.ports.LeaseManager.release`."""
         lease = BlobLeaseClient(self._blob(self.lease_name(grant.key)), lease_id=grant.lease_id)
         try:
             lease.release()
@@ -283,7 +283,7 @@ class BlobStateStore:
             raise translate_error(exc, _BLOB, "release the lease of", grant.key) from exc
 
     def inspect(self, key: PollerKey) -> LeaseInfo:
-        """See :meth:`azure_functions_db.ports.LeaseManager.inspect`.
+        """See :meth:`azure_functions_db.core.ports.LeaseManager.inspect`.
 
         ``holder`` is the owner recorded by the latest acquire; the expiry time is the
         service's and is not exposed (``expires_at`` is ``None``).

@@ -1,4 +1,5 @@
-"""A file-backed :class:`~azure_functions_db.ports.StateStore`, safe across processes on one host.
+"""A file-backed state store (:class:`~azure_functions_db.core.ports.StateStore`), safe across
+processes on one host.
 
 Layout under the root directory (names are percent-encoded so any poller name is one safe file
 name)::
@@ -36,9 +37,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
-from azure_functions_db.clock import SystemClock
 from azure_functions_db.core.checkpoint import Checkpoint, PollerKey, encode_checkpoint
-from azure_functions_db.core.clock import Clock
+from azure_functions_db.core.clock import Clock, SystemClock
+from azure_functions_db.core.ports import LeaseGrant, LeaseInfo, StoredCheckpoint
 from azure_functions_db.errors import (
     CheckpointCorruptError,
     ConfigurationError,
@@ -46,7 +47,6 @@ from azure_functions_db.errors import (
     StateStoreError,
     TransientStoreError,
 )
-from azure_functions_db.ports import LeaseGrant, LeaseInfo, StoredCheckpoint
 from azure_functions_db.state import _common
 
 _CHECKPOINT = ".checkpoint"
@@ -91,7 +91,7 @@ class LocalStateStore:
     # -- CheckpointStore ---------------------------------------------------------------------
 
     def read(self, key: PollerKey) -> StoredCheckpoint | None:
-        """See :meth:`azure_functions_db.ports.CheckpointStore.read`."""
+        """See :meth:`azure_functions_db.core.ports.CheckpointStore.read`."""
         path = self.checkpoint_path(key)
         data = _read_file(path)
         if data is None:
@@ -104,7 +104,7 @@ class LocalStateStore:
         return StoredCheckpoint(checkpoint=_common.decode_record(key, body), etag=etag)
 
     def create(self, checkpoint: Checkpoint) -> str:
-        """See :meth:`azure_functions_db.ports.CheckpointStore.create`."""
+        """See :meth:`azure_functions_db.core.ports.CheckpointStore.create`."""
         key = checkpoint.key
         body = encode_checkpoint(checkpoint)
         path = self.checkpoint_path(key)
@@ -114,7 +114,7 @@ class LocalStateStore:
             return _write_record(path, body)
 
     def replace(self, checkpoint: Checkpoint, etag: str) -> str:
-        """See :meth:`azure_functions_db.ports.CheckpointStore.replace`."""
+        """See :meth:`azure_functions_db.core.ports.CheckpointStore.replace`."""
         key = checkpoint.key
         body = encode_checkpoint(checkpoint)
         path = self.checkpoint_path(key)
@@ -136,7 +136,7 @@ class LocalStateStore:
             return _write_record(path, body)
 
     def list_keys(self, namespace: str | None = None) -> Sequence[PollerKey]:
-        """See :meth:`azure_functions_db.ports.CheckpointStore.list_keys`."""
+        """See :meth:`azure_functions_db.core.ports.CheckpointStore.list_keys`."""
         if namespace is not None:
             directories = [self._root / _encode_name(namespace, "namespace")]
         else:
@@ -167,7 +167,7 @@ class LocalStateStore:
     # -- LeaseManager ------------------------------------------------------------------------
 
     def acquire(self, key: PollerKey, owner: str, duration: float) -> LeaseGrant | None:
-        """See :meth:`azure_functions_db.ports.LeaseManager.acquire`."""
+        """See :meth:`azure_functions_db.core.ports.LeaseManager.acquire`."""
         _common.check_duration(duration)
         path = self.lease_path(key)
         with self._locked(key):
@@ -179,7 +179,7 @@ class LocalStateStore:
             return outcome[1]
 
     def renew(self, grant: LeaseGrant) -> None:
-        """See :meth:`azure_functions_db.ports.LeaseManager.renew`."""
+        """See :meth:`azure_functions_db.core.ports.LeaseManager.renew`."""
         path = self.lease_path(grant.key)
         with self._locked(grant.key):
             record = _read_lease(path)
@@ -187,7 +187,7 @@ class LocalStateStore:
             _write_atomic(path, _encode_lease(renewed))
 
     def release(self, grant: LeaseGrant) -> None:
-        """See :meth:`azure_functions_db.ports.LeaseManager.release`."""
+        """See :meth:`azure_functions_db.core.ports.LeaseManager.release`."""
         path = self.lease_path(grant.key)
         with self._locked(grant.key):
             released = _common.release(_read_lease(path), grant)
@@ -195,7 +195,7 @@ class LocalStateStore:
                 _write_atomic(path, _encode_lease(released))
 
     def inspect(self, key: PollerKey) -> LeaseInfo:
-        """See :meth:`azure_functions_db.ports.LeaseManager.inspect`."""
+        """See :meth:`azure_functions_db.core.ports.LeaseManager.inspect`."""
         record, doc = _read_lease_doc(self.lease_path(key))
         info = _common.info(record, key, self._lease_now())
         info = dataclasses.replace(info, process=_process(doc, info.holder))

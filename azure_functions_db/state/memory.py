@@ -1,4 +1,4 @@
-"""An in-memory :class:`~azure_functions_db.ports.StateStore` for tests and experiments.
+"""An in-memory :class:`~azure_functions_db.core.ports.StateStore` for tests and experiments.
 
 It keeps records as the encoded bytes a real store would hold, so a checkpoint read back has
 gone through the same codec, and a corrupt record behaves exactly as it would on Blob or disk.
@@ -10,11 +10,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from azure_functions_db.clock import SystemClock
 from azure_functions_db.core.checkpoint import Checkpoint, PollerKey, encode_checkpoint
-from azure_functions_db.core.clock import Clock
+from azure_functions_db.core.clock import Clock, SystemClock
+from azure_functions_db.core.ports import LeaseGrant, LeaseInfo, StoredCheckpoint
 from azure_functions_db.errors import RecordExistsError
-from azure_functions_db.ports import LeaseGrant, LeaseInfo, StoredCheckpoint
 from azure_functions_db.state import _common
 
 
@@ -23,7 +22,7 @@ class MemoryStateStore:
 
     Args:
         clock: Decides lease expiry (``clock.now()``). Defaults to the system clock; tests pass a
-            :class:`~azure_functions_db.core.clock.FakeClock` and move it.
+            :class:`~azure_functions_db.testing.FakeClock` and move it.
     """
 
     def __init__(self, clock: Clock | None = None) -> None:
@@ -35,7 +34,7 @@ class MemoryStateStore:
     # -- CheckpointStore ---------------------------------------------------------------------
 
     def read(self, key: PollerKey) -> StoredCheckpoint | None:
-        """See :meth:`azure_functions_db.ports.CheckpointStore.read`."""
+        """See :meth:`azure_functions_db.core.ports.CheckpointStore.read`."""
         with self._lock:
             stored = self._records.get(key)
         if stored is None:
@@ -44,7 +43,7 @@ class MemoryStateStore:
         return StoredCheckpoint(checkpoint=_common.decode_record(key, data), etag=etag)
 
     def create(self, checkpoint: Checkpoint) -> str:
-        """See :meth:`azure_functions_db.ports.CheckpointStore.create`."""
+        """See :meth:`azure_functions_db.core.ports.CheckpointStore.create`."""
         key = checkpoint.key
         data = encode_checkpoint(checkpoint)
         with self._lock:
@@ -55,7 +54,7 @@ class MemoryStateStore:
         return etag
 
     def replace(self, checkpoint: Checkpoint, etag: str) -> str:
-        """See :meth:`azure_functions_db.ports.CheckpointStore.replace`."""
+        """See :meth:`azure_functions_db.core.ports.CheckpointStore.replace`."""
         key = checkpoint.key
         data = encode_checkpoint(checkpoint)
         with self._lock:
@@ -69,7 +68,7 @@ class MemoryStateStore:
         return new
 
     def list_keys(self, namespace: str | None = None) -> Sequence[PollerKey]:
-        """See :meth:`azure_functions_db.ports.CheckpointStore.list_keys`."""
+        """See :meth:`azure_functions_db.core.ports.CheckpointStore.list_keys`."""
         with self._lock:
             keys = list(self._records)
         return sorted(
@@ -91,7 +90,7 @@ class MemoryStateStore:
     # -- LeaseManager ------------------------------------------------------------------------
 
     def acquire(self, key: PollerKey, owner: str, duration: float) -> LeaseGrant | None:
-        """See :meth:`azure_functions_db.ports.LeaseManager.acquire`."""
+        """See :meth:`azure_functions_db.core.ports.LeaseManager.acquire`."""
         with self._lock:
             record = self._leases.get(key, _common.LeaseRecord())
             outcome = _common.acquire(record, key, owner, duration, self._clock.now())
@@ -101,13 +100,13 @@ class MemoryStateStore:
             return outcome[1]
 
     def renew(self, grant: LeaseGrant) -> None:
-        """See :meth:`azure_functions_db.ports.LeaseManager.renew`."""
+        """See :meth:`azure_functions_db.core.ports.LeaseManager.renew`."""
         with self._lock:
             record = self._leases.get(grant.key, _common.LeaseRecord())
             self._leases[grant.key] = _common.renew(record, grant, self._clock.now())
 
     def release(self, grant: LeaseGrant) -> None:
-        """See :meth:`azure_functions_db.ports.LeaseManager.release`."""
+        """See :meth:`azure_functions_db.core.ports.LeaseManager.release`."""
         with self._lock:
             record = self._leases.get(grant.key, _common.LeaseRecord())
             released = _common.release(record, grant)
@@ -115,7 +114,7 @@ class MemoryStateStore:
                 self._leases[grant.key] = released
 
     def inspect(self, key: PollerKey) -> LeaseInfo:
-        """See :meth:`azure_functions_db.ports.LeaseManager.inspect`."""
+        """See :meth:`azure_functions_db.core.ports.LeaseManager.inspect`."""
         with self._lock:
             record = self._leases.get(key, _common.LeaseRecord())
             return _common.info(record, key, self._clock.now())

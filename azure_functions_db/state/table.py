@@ -25,8 +25,8 @@ from azure.core.exceptions import (
 from azure.data.tables import TableClient, TableEntity, TableServiceClient, UpdateMode
 
 from azure_functions_db.core.checkpoint import Checkpoint, PollerKey, encode_checkpoint
+from azure_functions_db.core.ports import LeaseGrant, LeaseInfo, StoredCheckpoint
 from azure_functions_db.errors import CheckpointConflictError, ConfigurationError, RecordExistsError
-from azure_functions_db.ports import LeaseGrant, LeaseInfo, StoredCheckpoint
 from azure_functions_db.state import _common
 from azure_functions_db.state._azure import (
     CLIENT_OPTIONS,
@@ -115,14 +115,14 @@ class TableStateStore:
     # -- CheckpointStore ---------------------------------------------------------------------
 
     def read(self, key: PollerKey) -> StoredCheckpoint | None:
-        """See :meth:`azure_functions_db.ports.CheckpointStore.read`."""
+        """See :meth:`azure_functions_db.core.ports.CheckpointStore.read`."""
         entity = self._get(key)
         if entity is None:
             return None
         return StoredCheckpoint(_common.decode_record(key, _record(entity)), _etag(entity))
 
     def create(self, checkpoint: Checkpoint) -> str:
-        """See :meth:`azure_functions_db.ports.CheckpointStore.create`."""
+        """See :meth:`azure_functions_db.core.ports.CheckpointStore.create`."""
         key = checkpoint.key
         entity = _entity(checkpoint)
         try:
@@ -132,7 +132,7 @@ class TableStateStore:
         return str(result["etag"])
 
     def replace(self, checkpoint: Checkpoint, etag: str) -> str:
-        """See :meth:`azure_functions_db.ports.CheckpointStore.replace`."""
+        """See :meth:`azure_functions_db.core.ports.CheckpointStore.replace`."""
         key = checkpoint.key
         try:
             result = self.table.update_entity(
@@ -160,7 +160,7 @@ class TableStateStore:
         return _common.conflict(checkpoint, etag, found_etag, found_data)
 
     def list_keys(self, namespace: str | None = None) -> Sequence[PollerKey]:
-        """See :meth:`azure_functions_db.ports.CheckpointStore.list_keys`."""
+        """See :meth:`azure_functions_db.core.ports.CheckpointStore.list_keys`."""
         select = ["PartitionKey", "RowKey"]
         try:
             with translated(_TABLE, "list", None):
@@ -190,19 +190,19 @@ class TableStateStore:
     # -- LeaseManager: Azure blob leases in the same account ---------------------------------
 
     def acquire(self, key: PollerKey, owner: str, duration: float) -> LeaseGrant | None:
-        """See :meth:`azure_functions_db.ports.LeaseManager.acquire`."""
+        """See :meth:`azure_functions_db.core.ports.LeaseManager.acquire`."""
         return self._leases.acquire(key, owner, duration)
 
     def renew(self, grant: LeaseGrant) -> None:
-        """See :meth:`azure_functions_db.ports.LeaseManager.renew`."""
+        """See :meth:`azure_functions_db.core.ports.LeaseManager.renew`."""
         self._leases.renew(grant)
 
     def release(self, grant: LeaseGrant) -> None:
-        """See :meth:`azure_functions_db.ports.LeaseManager.release`."""
+        """See :meth:`azure_functions_db.core.ports.LeaseManager.release`."""
         self._leases.release(grant)
 
     def inspect(self, key: PollerKey) -> LeaseInfo:
-        """See :meth:`azure_functions_db.ports.LeaseManager.inspect`."""
+        """See :meth:`azure_functions_db.core.ports.LeaseManager.inspect`."""
         return self._leases.inspect(key)
 
     # -- StateStore --------------------------------------------------------------------------

@@ -24,10 +24,10 @@ from azure_functions_db.core.checkpoint import (
     PollerKey,
     SourceDescription,
 )
-from azure_functions_db.core.clock import FakeClock
+from azure_functions_db.core.ports import LeaseGrant, StateStore, StoredCheckpoint
 from azure_functions_db.core.position import Position
 from azure_functions_db.errors import CheckpointConflictError
-from azure_functions_db.ports import LeaseGrant, StateStore, StoredCheckpoint
+from azure_functions_db.testing.clock import FakeClock
 
 GARBAGE = b'\x00\xff{"schema": 1, "poller": '
 """Bytes that are not a checkpoint record: the default payload of ``corrupt``."""

@@ -1,4 +1,4 @@
-"""Contract of :class:`~azure_functions_db.ports.CheckpointStore`: records changed only by CAS."""
+"""Contract of :class:`~azure_functions_db.core.ports.CheckpointStore`: changed only by CAS."""
 
 from __future__ import annotations
 
@@ -13,25 +13,25 @@ from azure_functions_db.core.checkpoint import (
     Checkpoint,
     CheckpointStats,
     PollerKey,
-    PositionNotForwardError,
     SeekAudit,
     SourceDescription,
     encode_checkpoint,
 )
-from azure_functions_db.core.clock import FakeClock
+from azure_functions_db.core.ports import StateStore, StoredCheckpoint
 from azure_functions_db.core.position import Position
 from azure_functions_db.errors import (
     CheckpointConflictError,
     CheckpointCorruptError,
+    PositionNotForwardError,
     RecordExistsError,
 )
-from azure_functions_db.ports import StateStore, StoredCheckpoint
 from azure_functions_db.testing._harness import (
     StoreHarness,
     checkpoint_for,
     race,
     try_increment,
 )
+from azure_functions_db.testing.clock import FakeClock
 
 
 class CheckpointStoreContract(StoreHarness):

@@ -1,4 +1,4 @@
-"""Contract of :class:`~azure_functions_db.ports.LeaseManager`: one expiring, fenced lease."""
+"""Contract of :class:`~azure_functions_db.core.ports.LeaseManager`: one expiring, fenced lease."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import datetime as dt
 import pytest
 
 from azure_functions_db.core.checkpoint import PollerKey
-from azure_functions_db.core.clock import FakeClock
+from azure_functions_db.core.ports import StateStore
 from azure_functions_db.errors import LeaseLostError
-from azure_functions_db.ports import StateStore
 from azure_functions_db.testing._harness import StoreHarness, race
+from azure_functions_db.testing.clock import FakeClock
 
 
 class LeaseManagerContract(StoreHarness):

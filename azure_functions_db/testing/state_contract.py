@@ -1,4 +1,5 @@
-"""The contract suite of :class:`~azure_functions_db.ports.StateStore`: one suite, every adapter.
+"""The contract suite of :class:`~azure_functions_db.core.ports.StateStore`: one suite, every
+adapter.
 
 Every adapter must pass :class:`StateStoreContract` unchanged, fakes included. To run it over an
 adapter, subclass it in a test module (pytest collects the subclass, not this base)::
@@ -20,20 +21,20 @@ from __future__ import annotations
 
 import pytest
 
-from azure_functions_db.core.checkpoint import Checkpoint, PollerKey, StaleFenceError
-from azure_functions_db.core.clock import FakeClock
+from azure_functions_db.core.checkpoint import Checkpoint, PollerKey
+from azure_functions_db.core.ports import StateStore, StoredCheckpoint
 from azure_functions_db.core.position import Position
-from azure_functions_db.errors import CheckpointConflictError
-from azure_functions_db.ports import StateStore, StoredCheckpoint
+from azure_functions_db.errors import CheckpointConflictError, StaleFenceError
 from azure_functions_db.testing._harness import SOURCE, checkpoint_for
 from azure_functions_db.testing.checkpoint_contract import CheckpointStoreContract
+from azure_functions_db.testing.clock import FakeClock
 from azure_functions_db.testing.lease_contract import LeaseManagerContract
 
 __all__ = ["StateStoreContract"]
 
 
 class StateStoreContract(CheckpointStoreContract, LeaseManagerContract):
-    """The contract of :class:`~azure_functions_db.ports.StateStore`, run over one adapter.
+    """The contract of :class:`~azure_functions_db.core.ports.StateStore`, run over one adapter.
 
     Both port suites, plus what needs leases and records together: the fence rule through the
     core, and leases that leave the checkpoint's etag alone.

@@ -1,27 +1,20 @@
-"""Operator actions on pollers: inspect their state, move their checkpoint (audited)."""
+"""``afdb status``: each poller's checkpoint and lease, and its backfills, as data."""
 
 from __future__ import annotations
 
 import datetime as dt
-import getpass
 import logging
-import os
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from azure_functions_db.core.checkpoint import Checkpoint, StaleFenceError
-from azure_functions_db.core.logs import log_event
-from azure_functions_db.core.position import KeyValue, Position
+from azure_functions_db.core.ports import BacklogSource, Horizon
+from azure_functions_db.core.position import Position
 from azure_functions_db.errors import (
     AfdbError,
     CheckpointCorruptError,
-    FenceBehindCheckpointError,
-    LeaseHeldError,
 )
-from azure_functions_db.poller import PollerDefinition
-from azure_functions_db.ports import BacklogSource, Horizon, StateStore
+from azure_functions_db.runtime.poller import PollerDefinition
 
 logger = logging.getLogger(__name__)
 
@@ -180,116 +173,3 @@ def backfill_statuses(
             )
         )
     return statuses
-
-
-SeekTarget = Literal["beginning", "now", "cursor"]
-
-
-@dataclass(frozen=True)
-class SeekResult:
-    poller: str
-    namespace: str
-    from_position: Position | None
-    to_position: Position | None
-    fence: int
-    by: str
-
-
-def operator_identity() -> str:
-    """``user@host`` of whoever runs an operator command (recorded in the seek audit)."""
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = f"uid{os.getuid()}"
-    return f"{user}@{socket.gethostname()}"
-
-
-def seek(
-    definition: PollerDefinition,
-    settings: Mapping[str, str],
-    target: SeekTarget,
-    *,
-    cursor: tuple[KeyValue, ...] | None = None,
-    reason: str = "",
-    by: str | None = None,
-) -> SeekResult:
-    """Move a poller's checkpoint under its lease, by compare-and-set, with an audit record.
-
-    ``beginning`` replays everything; ``now`` skips to the latest row currently visible;
-    ``cursor`` restarts at the first row whose cursor is ``>= cursor`` (inclusive).
-    Raises :class:`LeaseHeldError` while a run holds the lease.
-    """
-    by = by or operator_identity()
-    store = definition.store(settings)
-    cfg = definition.config
-    source = definition.source
-    source.open(settings)
-    to: Position | None
-    if target == "beginning":
-        to = None
-    elif target == "now":
-        to = source.latest(source.horizon())
-    else:
-        if cursor is None:
-            raise ValueError("seek to a cursor needs `cursor`")
-        to = Position(cursor=cursor, pk=())
-    fence, before, _ = move_checkpoint(
-        definition, store, to, owner=f"afdb-seek:{by}", by=by, reason=reason
-    )
-    log_event(
-        logger,
-        logging.WARNING,
-        "seek",
-        poller=cfg.name,
-        namespace=cfg.namespace,
-        fence=fence,
-        by=by,
-        from_position=before,
-        to_position=to,
-        reason=reason or None,
-    )
-    return SeekResult(cfg.name, cfg.namespace, before, to, fence, by)
-
-
-def move_checkpoint(
-    definition: PollerDefinition,
-    store: StateStore,
-    to: Position | None,
-    *,
-    owner: str,
-    by: str,
-    reason: str,
-    now: dt.datetime | None = None,
-    unless_positioned: bool = False,
-) -> tuple[int, Position | None, Position | None]:
-    """Move the poller's checkpoint to ``to`` under its lease, by compare-and-set, audited.
-
-    Creates the record if there is none. With ``unless_positioned``, a record that already has a
-    position is left as it is. Returns the lease's fence, the position before and the position
-    after. Raises :class:`LeaseHeldError` while a run holds the lease, and
-    :class:`FenceBehindCheckpointError` when the record's fence is ahead of the lease's.
-    """
-    cfg, source = definition.config, definition.source
-    grant = store.acquire(cfg.key, owner, cfg.lease_duration)
-    if grant is None:
-        raise LeaseHeldError(cfg.name, cfg.namespace, store.inspect(cfg.key).holder)
-    try:
-        at = now if now is not None else definition.clock.now()
-        stored = store.read(cfg.key)
-        empty = Checkpoint(key=cfg.key, source=source.description)
-        current = stored.checkpoint if stored else empty
-        before = current.position
-        if unless_positioned and before is not None:
-            return grant.fence, before, before
-        moved = current.sought(
-            to, fence=grant.fence, by=by, at=at, reason=reason, source=source.description
-        )
-        if stored is None:
-            store.create(moved)
-        else:
-            store.replace(moved, stored.etag)
-        return grant.fence, before, to
-    except StaleFenceError as exc:
-        raise FenceBehindCheckpointError(cfg.name, cfg.namespace, grant.fence, exc.stored) from exc
-    finally:
-        store.release(grant)

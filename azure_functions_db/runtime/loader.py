@@ -10,7 +10,7 @@ from types import ModuleType
 
 from azure_functions_db.errors import ConfigurationError
 from azure_functions_db.functions.blueprint import PollerBlueprint
-from azure_functions_db.poller import PollerDefinition
+from azure_functions_db.runtime.poller import PollerDefinition
 
 
 def load_pollers(spec: str) -> dict[str, PollerDefinition]:

@@ -24,6 +24,7 @@ from typing import Any, Literal
 import sqlalchemy as sa
 
 from azure_functions_db.core.checkpoint import Checkpoint, SourceDescription
+from azure_functions_db.core.ports import Source
 from azure_functions_db.core.position import Position
 from azure_functions_db.core.source_change import (
     COLUMNS_CHANGED_NOTE,
@@ -38,16 +39,15 @@ from azure_functions_db.errors import (
     SettingNotFoundError,
     SourceDefinitionError,
 )
-from azure_functions_db.poller import PollerDefinition, resolve_schedule, setting_name
-from azure_functions_db.ports import Source
-from azure_functions_db.sources import SqlSource
-from azure_functions_db.sources._health import KeysetIndex, keyset_index
-from azure_functions_db.validate_horizon import (
+from azure_functions_db.ops.validate_horizon import (
     Level,
     describe_horizon,
     key_problems,
     lag_refused,
 )
+from azure_functions_db.runtime.poller import PollerDefinition, resolve_schedule, setting_name
+from azure_functions_db.sources import SqlSource
+from azure_functions_db.sources.health import KeysetIndex, keyset_index
 
 __all__ = [
     "CheckpointInfo",
@@ -178,7 +178,7 @@ def validate_app(
     selects by name. Raises ``ConfigurationError`` when the app cannot be loaded or a name is
     not one of its pollers.
     """
-    from azure_functions_db.loader import load_pollers
+    from azure_functions_db.runtime.loader import load_pollers
 
     env = dict(os.environ if settings is None else settings)
     found = load_pollers(app)
@@ -341,7 +341,7 @@ class _Validation:
         found = describe_horizon(
             horizon,
             dialect=sql.engine.dialect.name if sql else None,
-            lag=sql.lag if sql else None,
+            lag=sql.horizon_target().lag if sql else None,
             user=sql.engine.url.username if sql else None,
             lag_refused=lag_refused(sql) if sql else None,
         )

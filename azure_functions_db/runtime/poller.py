@@ -17,14 +17,13 @@ from pathlib import Path
 
 from croniter import croniter
 
-from azure_functions_db.clock import SystemClock
-from azure_functions_db.core.clock import Clock
+from azure_functions_db.core.clock import Clock, SystemClock
 from azure_functions_db.core.engine import Engine, Handler, PollerConfig, RunReport
 from azure_functions_db.core.logs import log_event
+from azure_functions_db.core.ports import Source, StateStore
 from azure_functions_db.core.settings import setting_value
 from azure_functions_db.errors import ConfigurationError
-from azure_functions_db.ports import Source, StateStore
-from azure_functions_db.telemetry import metrics_observer
+from azure_functions_db.observers.telemetry import metrics_observer
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +142,8 @@ class PollerDefinition:
         """The engine for this poller, made once per process.
 
         It records OpenTelemetry metrics when ``opentelemetry-api`` is installed, unless the
-        setting ``AFDB_OTEL_METRICS`` is ``false`` (see :mod:`azure_functions_db.telemetry`).
+        setting ``AFDB_OTEL_METRICS`` is ``false`` (see
+        :mod:`azure_functions_db.observers.telemetry`).
         """
         with self._lock:
             if self._engine is None:

@@ -2,7 +2,8 @@
 
 :func:`describe_horizon` gives the horizon method in effect, the privileges it needs, and what a
 fallback means for late-committing rows (SPEC §5.3). Pure: it reads only the
-:class:`~azure_functions_db.ports.Horizon` the source returned and a few facts about the source.
+:class:`~azure_functions_db.core.ports.Horizon` the source returned and a few facts about the
+source.
 Only fixes the source accepts are suggested: ``lag=`` never for a cursor the source refuses a lag
 on (:func:`lag_refused`: anything but a date or date-time), even where the source's fallback
 reason offers it.
@@ -22,9 +23,9 @@ from typing import Any, Literal
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql
 
-from azure_functions_db.core.position import CodecError, KeyValue, decode_value, encode_value
-from azure_functions_db.errors import ConfigurationError
-from azure_functions_db.ports import Horizon
+from azure_functions_db.core.ports import Horizon
+from azure_functions_db.core.position import KeyValue, decode_value, encode_value
+from azure_functions_db.errors import CodecError, ConfigurationError
 from azure_functions_db.sources import (
     LagHorizon,
     MssqlRowversionHorizon,
@@ -33,8 +34,8 @@ from azure_functions_db.sources import (
     PgXactStartHorizon,
     SqlSource,
 )
-from azure_functions_db.sources._keyset import bound_value, key_param
-from azure_functions_db.sources._values import column_kind
+from azure_functions_db.sources.keyset import bound_value, key_param
+from azure_functions_db.sources.values import column_kind
 
 __all__ = ["HorizonFinding", "Level", "describe_horizon", "key_problems", "lag_refused"]
 
@@ -66,8 +67,6 @@ _SAFE_METHODS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "needs no privilege",
     ),
 }
-# The dialect horizons end their reasons with "fix: `GRANT ...`"; the statement becomes `fix`.
-_GRANT = re.compile(r"fix: `(GRANT [^`]+)`")
 # The source's "no commit-safe horizon" reason offers `lag=` whatever the cursor; that offer (and
 # a "fix:" it leaves empty) is dropped for a cursor the source refuses a lag on.
 _LAG_FIX = re.compile(r"(?:,? or )?set `lag=` longer than your longest write transaction")
@@ -106,8 +105,7 @@ def describe_horizon(
         horizon = replace(horizon, detail=detail)
     safe = _SAFE_METHODS.get(horizon.method)
     lag_text = f"lag={lag.total_seconds():g}s" if lag else "lag=0"
-    grant = _GRANT.search(horizon.detail) if horizon.detail else None
-    fix = grant.group(1) if grant else None
+    fix = horizon.fix
     if safe is not None:
         what, privileges, needs = safe
         granted = needs.format(user=f"`{user}`" if user else "the connection")
@@ -197,7 +195,7 @@ def lag_refused(source: SqlSource) -> str | None:
     """Why ``source`` refuses ``lag=`` (its lag horizon's own check at open), ``None`` if it
     takes one: the ``lag_refused`` of :func:`describe_horizon`."""
     try:
-        LagHorizon().prepare(source)
+        LagHorizon().prepare(source.horizon_target())
     except ConfigurationError:
         column = source.cursor_columns[0]
         return (

@@ -12,7 +12,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from azure_functions_db.sources._keyset import KeysetQuery
+from azure_functions_db.sources.keyset import KeysetQuery
 
 # SQLAlchemy stores SQLite DATETIME values as `YYYY-MM-DD HH:MM:SS.ffffff`, 26 characters.
 

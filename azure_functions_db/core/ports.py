@@ -190,6 +190,7 @@ class Horizon:
     ``method`` names how ``bound`` was computed (``lag``, ``none``, ...), ``detail`` says why
     when the safe method was unavailable. ``hold``: the open transaction the bound waits for,
     when a commit-safe method found one (``None``: nothing holds it but the settle margin).
+    ``fix``: after a fallback, the one statement that restores the safe method (a ``GRANT``).
     """
 
     bound: KeyValue | None
@@ -197,6 +198,7 @@ class Horizon:
     detail: str = ""
     until: Position | None = None
     hold: HorizonHold | None = None
+    fix: str | None = None
 
 
 @dataclass(frozen=True)
@@ -301,7 +303,8 @@ class BacklogSource(Protocol):
     """A source that can count the rows still to read, cheaply and up to a cap (for metrics).
 
     Optional, and never on the delivery path: the engine does not call it. The OpenTelemetry
-    observer (:mod:`azure_functions_db.telemetry`) calls it at most once per run, after a run
+    observer (:mod:`azure_functions_db.observers.telemetry`) calls it at most once per run, after
+    a run
     that did not catch up, to report ``afdb.lag.rows_behind``.
     """
 

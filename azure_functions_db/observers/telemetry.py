@@ -21,11 +21,11 @@ from collections.abc import Mapping
 from importlib import metadata
 from typing import TYPE_CHECKING
 
-from azure_functions_db.clock import SystemClock
 from azure_functions_db.core.batch import Batch
-from azure_functions_db.core.clock import Clock
+from azure_functions_db.core.clock import Clock, SystemClock
 from azure_functions_db.core.logs import log_event
 from azure_functions_db.core.observe import RunObserver, RunReport
+from azure_functions_db.core.ports import BacklogSource, Source
 from azure_functions_db.core.position import Position
 from azure_functions_db.errors import (
     CheckpointConflictError,
@@ -33,7 +33,6 @@ from azure_functions_db.errors import (
     LeaseLostError,
     PoisonBatchError,
 )
-from azure_functions_db.ports import BacklogSource, Source
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -122,7 +121,7 @@ class OtelMetrics:
     Args:
         source: The poller's source. Its ``cursor_timezone`` (if any) places naive date-time
             cursors for ``afdb.lag.cursor_age``; a
-            :class:`~azure_functions_db.ports.BacklogSource` also gives
+            :class:`~azure_functions_db.core.ports.BacklogSource` also gives
             ``afdb.lag.rows_behind`` after a run that did not catch up.
         meter_provider: Where the instruments live; default the global provider (what
             ``configure_azure_monitor()`` sets). Tests pass a private one.

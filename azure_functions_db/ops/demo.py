@@ -18,7 +18,7 @@ from rich.table import Table
 
 from azure_functions_db.core.batch import Batch
 from azure_functions_db.functions.blueprint import PollerBlueprint
-from azure_functions_db.operations import poller_status
+from azure_functions_db.ops.status import poller_status
 from azure_functions_db.sources.sqlalchemy import SqlSource
 from azure_functions_db.state.local import LocalStateStore
 

@@ -14,7 +14,7 @@ from azure_functions_db.core.clock import Clock
 from azure_functions_db.core.engine import RunReport
 from azure_functions_db.core.logs import log_event
 from azure_functions_db.errors import AfdbError, UnexpectedRunError
-from azure_functions_db.poller import PollerDefinition, resolve_schedule
+from azure_functions_db.runtime.poller import PollerDefinition, resolve_schedule
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def run_one(definition: PollerDefinition, settings: Mapping[str, str]) -> RunOut
             error=str(exc),
         )
     except Exception as exc:
-        error = UnexpectedRunError(definition.name, exc)
+        error = UnexpectedRunError(definition.name, exc, definition.config.namespace)
         error.__cause__ = exc
         logger.exception(
             "action=run_failed poller=%s namespace=%s error=%s",

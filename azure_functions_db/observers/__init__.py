@@ -1,0 +1,1 @@
+"""Run observers: OpenTelemetry metrics."""
