@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 # Azurite (the Azure Storage emulator) is pinned to an exact version in tools/azurite/package.json
-# and package-lock.json; the Blob/Table tests start it from there (tests/azurite.py).
+# and package-lock.json; the Blob/Table tests start it from there (devkit/azurite.py).
 AZURITE_DIR   := tools/azurite
 AZURITE_STAMP := $(AZURITE_DIR)/node_modules/.installed
 # Debian packages the tests need (tools/debian-packages.sh says why each).

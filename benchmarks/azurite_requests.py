@@ -1,6 +1,6 @@
 """Storage requests of the Blob and Table state stores, counted per HTTP request on Azurite.
 
-The benchmark starts its own Azurite (``tests/azurite.py``, the emulator pinned in
+The benchmark starts its own Azurite (``devkit/azurite.py``, the emulator pinned in
 ``tools/azurite``, data on disk) and runs the engine on a SQLite ``orders`` table (the SQLite
 tier's table, copied per store) with ``BlobStateStore`` and with ``TableStateStore`` (whose
 leases go through an inner ``BlobStateStore``). Every HTTP request either store sends goes
@@ -237,10 +237,10 @@ def azurite(ctx: Context) -> Iterator[str]:
         import azure.data.tables  # the `azure` extra
         import azure.storage.blob  # noqa: F401
 
-        from tests.azurite import Azurite, AzuriteError, unavailable_reason
+        from devkit.azurite import Azurite, AzuriteError, unavailable_reason
     except ImportError as exc:
         raise BenchmarkSkipped(
-            f"needs the `azure` extra and the repository's tests/azurite.py ({exc}); run from "
+            f"needs the `azure` extra and the repository's devkit/azurite.py ({exc}); run from "
             "the repository root after `make azurite`"
         ) from exc
     reason = unavailable_reason()

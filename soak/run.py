@@ -44,9 +44,9 @@ from azure.storage.blob import ExponentialRetry
 from psycopg import sql
 
 import azure_functions_db as afdb
+from devkit.azurite import DIE_WITH_PARENT, Azurite
 from soak.check import Report, check
 from soak.evidence import EvidenceLog
-from tests.azurite import DIE_WITH_PARENT, Azurite
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/test"

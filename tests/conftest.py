@@ -1,6 +1,6 @@
 """Shared fixtures and the CI guard: in CI (``CI=true``) a skipped test fails the session.
 
-Azure Storage tests run against the real Azurite (``tests/azurite.py``): the session-scoped
+Azure Storage tests run against the real Azurite (``devkit/azurite.py``): the session-scoped
 ``azurite`` fixture, unique ``azurite_container`` / ``azurite_table_name`` names that are deleted
 after each test, and ``private_azurite`` for a test that needs an emulator of its own. Every test
 that uses one of them gets the ``azurite`` marker.
@@ -20,9 +20,8 @@ import pytest
 
 if TYPE_CHECKING:
     from azure_functions_db.sources import SqlSource
-
-    from .azurite import Azurite
-    from .source_kit import Db
+    from devkit.azurite import Azurite
+    from tests.support.source_kit import Db
 
 _skipped: list[str] = []
 _AZURITE_FIXTURES = frozenset({"azurite", "private_azurite"})
@@ -71,7 +70,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 def _skip_unless_azurite_installed() -> None:
-    from .azurite import unavailable_reason
+    from devkit.azurite import unavailable_reason
 
     reason = unavailable_reason()
     if reason is not None:
@@ -84,7 +83,7 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
 
     A test may ``restart()``, ``kill()`` or ``pause()`` it, and must leave it running.
     """
-    from .azurite import Azurite
+    from devkit.azurite import Azurite
 
     _skip_unless_azurite_installed()
     instance = Azurite(tmp_path_factory.mktemp("azurite")).start()
@@ -99,7 +98,7 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
 @pytest.fixture
 def private_azurite(tmp_path: Path) -> Iterator[Azurite]:
     """An Azurite of this test's own, for tests that would disturb the shared one."""
-    from .azurite import Azurite
+    from devkit.azurite import Azurite
 
     _skip_unless_azurite_installed()
     with Azurite(tmp_path / "azurite") as instance:
@@ -145,13 +144,13 @@ def azurite_table_name(azurite: Azurite) -> Iterator[str]:
         service.delete_table(name)
 
 
-# -- PostgreSQL and MariaDB (tests/dbservers.py) ----------------------------------------------
+# -- PostgreSQL and MariaDB (devkit/dbservers.py) ----------------------------------------------
 
 
 @pytest.fixture(scope="session")
 def pg_url() -> str:
     """The URL of PostgreSQL's ``test`` database; skips (failing CI) if the server is down."""
-    from . import dbservers
+    from devkit import dbservers
 
     url = dbservers.pg_url()
     reason = dbservers.unavailable_reason(url, "PostgreSQL")
@@ -163,7 +162,7 @@ def pg_url() -> str:
 @pytest.fixture(scope="session")
 def mysql_url() -> str:
     """The URL of MariaDB's ``test`` database; skips (failing CI) if the server is down."""
-    from . import dbservers
+    from devkit import dbservers
 
     url = dbservers.mysql_url()
     reason = dbservers.unavailable_reason(url, "MariaDB")
@@ -175,7 +174,7 @@ def mysql_url() -> str:
 @pytest.fixture
 def pg_schema(pg_url: str) -> Iterator[str]:
     """A fresh schema ``t_<hex>`` in PostgreSQL's ``test`` database, dropped CASCADE after."""
-    from . import dbservers
+    from devkit import dbservers
 
     with dbservers.pg_schema(pg_url) as name:
         yield name
@@ -184,7 +183,7 @@ def pg_schema(pg_url: str) -> Iterator[str]:
 @pytest.fixture
 def mysql_db(mysql_url: str) -> Iterator[str]:
     """A fresh MariaDB database ``t_<hex>``, dropped after (URL: ``dbservers.mysql_url(name)``)."""
-    from . import dbservers
+    from devkit import dbservers
 
     with dbservers.mysql_database(mysql_url) as name:
         yield name
@@ -199,7 +198,7 @@ def opened() -> Iterator[list[SqlSource]]:
         source.close()
 
 
-# PostgreSQL and MariaDB scratch namespaces wrapped as `Db` (tests/source_kit.py)
+# PostgreSQL and MariaDB scratch namespaces wrapped as `Db` (tests/support/source_kit.py)
 
 
 @pytest.fixture(
@@ -211,8 +210,8 @@ def opened() -> Iterator[list[SqlSource]]:
 def db(request: pytest.FixtureRequest) -> Iterator[Db]:
     import sqlalchemy as sa
 
-    from . import dbservers
-    from .source_kit import Db
+    from devkit import dbservers
+    from tests.support.source_kit import Db
 
     if request.param == "postgres":
         schema = request.getfixturevalue("pg_schema")
@@ -231,8 +230,8 @@ def db(request: pytest.FixtureRequest) -> Iterator[Db]:
 def pg(pg_schema: str) -> Iterator[Db]:
     import sqlalchemy as sa
 
-    from . import dbservers
-    from .source_kit import Db
+    from devkit import dbservers
+    from tests.support.source_kit import Db
 
     engine = sa.create_engine(dbservers.pg_url(), poolclass=sa.NullPool)
     try:
@@ -245,8 +244,8 @@ def pg(pg_schema: str) -> Iterator[Db]:
 def maria(mysql_db: str) -> Iterator[Db]:
     import sqlalchemy as sa
 
-    from . import dbservers
-    from .source_kit import Db
+    from devkit import dbservers
+    from tests.support.source_kit import Db
 
     url = dbservers.mysql_url(mysql_db)
     engine = sa.create_engine(url, poolclass=sa.NullPool)

@@ -3,7 +3,7 @@
 The engine, the lease keeper and the local stores read time only through a ``Clock`` they are
 given; production code hands them one ``SystemClock``, tests a
 :class:`~azure_functions_db.testing.FakeClock`. ``SystemClock`` is the one place in ``core`` that
-reads the machine's clocks (``tests/test_architecture.py`` checks that).
+reads the machine's clocks (``tests/unit/test_architecture.py`` checks that).
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Contract suites of the ports, run over every adapter (fakes, files, Azurite, databases)."""

@@ -1,0 +1,219 @@
+"""The chaos soak's own checks: the checker catches every kind of violation it claims to, the
+fault schedule replays from its seed, and the control mode (no late-commit horizon) really loses
+rows on real PostgreSQL + Azurite and is reported failed. CI runs the full soak (`make soak`)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from soak.check import check
+from soak.run import KINDS, REPO, schedule
+
+T0 = "2026-11-25 10:00:00+00:00"
+
+
+def _lines(path: Path, events: Sequence[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"pid": 1, "wall": 0, **e}) + "\n" for e in events))
+
+
+class Evidence:
+    """A synthetic evidence folder in the layout ``soak.run`` writes."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.writers: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self.samples: list[dict[str, Any]] = []
+        self.history: set[tuple[int, int]] = set()
+        self.faults: list[dict[str, Any]] = [{"ev": "fault", "t": 1, "kind": "kill_poller"}]
+
+    def commit(self, t: float, *pairs: tuple[int, int], outcome: str = "commit") -> None:
+        self.writers.append({"ev": outcome, "t": t, "rows": [list(p) for p in pairs]})
+        if outcome == "commit":
+            self.history.update(pairs)
+
+    def deliver(self, t: float, fence: int, *pairs: tuple[int, int]) -> None:
+        self.events.append({"ev": "start", "t": t, "fence": fence})
+        self.events.append({"ev": "deliver", "t": t + 0.01, "fence": fence, "rows": pairs})
+
+    def grant(self, t: float, fence: int) -> None:
+        self.events.append({"ev": "log", "t": t, "action": "lease_acquired", "fence": fence})
+
+    def sample(self, t: float, cp: int | None, lease: int, position: list[Any] | None) -> None:
+        self.samples.append(
+            {"ev": "sample", "t": t, "cp_fence": cp, "lease_fence": lease, "position": position}
+        )
+
+    def judge(self) -> Any:
+        (self.root / "meta.json").write_text(json.dumps({"seed": 1, "seconds": 10}))
+        (self.root / "history.json").write_text(json.dumps(sorted(self.history)))
+        _lines(self.root / "faults.jsonl", self.faults)
+        _lines(self.root / "writers" / "writer-0.jsonl", self.writers)
+        _lines(self.root / "events" / "poller-1.jsonl", self.events)
+        _lines(self.root / "samples.jsonl", self.samples)
+        return check(self.root)
+
+
+@pytest.fixture
+def ev(tmp_path: Path) -> Evidence:
+    e = Evidence(tmp_path)
+    e.grant(0.5, 1)
+    e.commit(1.0, (1, 1), (2, 2))
+    e.commit(2.0, (1, 3))
+    e.sample(1.5, 1, 1, None)
+    return e
+
+
+def test_a_clean_run_has_no_violations(ev: Evidence) -> None:
+    ev.deliver(2.5, 1, (1, 3), (2, 2))
+    ev.deliver(3.0, 1, (2, 2))  # a duplicate is allowed, and counted
+    ev.sample(3.5, 1, 1, [T0, 2])
+    report = ev.judge()
+    assert report.violations == []
+    assert (report.committed, report.distinct_delivered, report.delivered) == (3, 2, 3)
+    assert report.duplicate_ratio == pytest.approx(0.5)
+    assert report.delay_p50 is not None
+    assert report.faults == {"kill_poller": 1}
+
+
+def test_a_committed_version_never_delivered_is_missing(ev: Evidence) -> None:
+    ev.deliver(2.5, 1, (1, 1), (2, 2))  # id 1 only at version 1; version 3 committed later
+    report = ev.judge()
+    assert (report.missing, report.missing_examples) == (1, [(1, 3)])
+    assert any(v.startswith("(a)") for v in report.violations)
+
+
+def test_a_delivered_version_that_rolled_back_or_never_landed_is_a_phantom(ev: Evidence) -> None:
+    ev.commit(2.1, (3, 4), outcome="rollback")
+    ev.commit(2.2, (4, 5), outcome="unknown")  # not in the history table: did not commit
+    ev.deliver(2.5, 1, (1, 3), (2, 2), (3, 4), (4, 5))
+    report = ev.judge()
+    assert (report.phantoms, report.phantom_examples) == (2, [(3, 4), (4, 5)])
+    assert report.unknown_commits == 1
+    assert report.unknown_resolved_committed == 0
+
+
+def test_an_unknown_commit_that_landed_must_be_delivered(ev: Evidence) -> None:
+    ev.commit(2.2, (4, 5), outcome="unknown")
+    ev.history.add((4, 5))
+    ev.deliver(2.5, 1, (1, 3), (2, 2))
+    report = ev.judge()
+    assert report.unknown_resolved_committed == 1
+    assert report.missing_examples == [(4, 5)]
+
+
+def test_checkpoint_or_fence_going_back_is_a_regression(ev: Evidence) -> None:
+    ev.deliver(2.5, 1, (1, 3), (2, 2))
+    ev.sample(3.0, 2, 2, ["2026-11-25 10:00:05+00:00", 9])
+    ev.sample(3.5, 2, 2, [T0, 9])  # position back
+    ev.sample(4.0, 1, 2, ["2026-11-25 10:00:05+00:00", 9])  # checkpoint fence back
+    ev.sample(4.5, 3, 2, ["2026-11-25 10:00:05+00:00", 9])  # lease fence below checkpoint's
+    report = ev.judge()
+    assert len(report.regressions) == 3, report.regressions
+    assert "moved back" in report.regressions[0]
+    assert "checkpoint fence 2 -> 1" in report.regressions[1]
+    assert "below checkpoint fence 3" in report.regressions[2]
+
+
+def test_a_handler_started_after_a_higher_fence_was_granted_is_stale(ev: Evidence) -> None:
+    ev.grant(2.2, 2)
+    ev.deliver(2.1, 1, (1, 3))  # before the grant: fine
+    ev.deliver(2.5, 1, (2, 2))  # after fence 2 was granted: stale
+    report = ev.judge()
+    assert report.stale_calls == 1
+    assert "fence 2 was known" in report.stale_examples[0]
+
+
+def _dropped_lease(ev: Evidence, then: str) -> Any:
+    """Fence 1 granted at 0.5; Azurite restarts (2.0-2.4) and forgets it; fence 2 is granted
+    at 2.45; the fence-1 owner, unaware, starts a call at 2.5, and then ``then`` happens."""
+    ev.faults.append({"ev": "fault", "t": 2.4, "kind": "restart_azurite", "seconds": 0.4})
+    ev.grant(2.45, 2)
+    ev.deliver(2.5, 1, (1, 3), (2, 2))
+    ev.events.append({"ev": "log", "t": 2.6, "action": then, "fence": 1})
+    return ev.judge()
+
+
+def test_a_call_after_azurite_forgot_the_lease_is_counted_apart_if_the_fence_stopped_it(
+    ev: Evidence,
+) -> None:
+    report = _dropped_lease(ev, "commit_rejected")
+    assert (report.stale_calls, report.stale_after_lease_dropped) == (0, 1)
+    assert report.violations == []
+
+
+def test_a_batch_committed_after_azurite_forgot_the_lease_is_a_violation(ev: Evidence) -> None:
+    report = _dropped_lease(ev, "batch_committed")
+    assert report.stale_commits == 1
+    assert any("committed after the lease was lost" in v for v in report.violations)
+
+
+def test_a_fence_the_monitor_saw_stored_counts_too(ev: Evidence) -> None:
+    ev.sample(2.2, 5, 5, [T0, 1])
+    ev.deliver(2.5, 1, (1, 3), (2, 2))
+    assert ev.judge().stale_calls == 1
+
+
+def test_a_torn_last_line_is_skipped(ev: Evidence) -> None:
+    ev.deliver(2.5, 1, (1, 3), (2, 2))
+    ev.judge()
+    with (ev.root / "events" / "poller-1.jsonl").open("a") as handle:
+        handle.write('{"ev": "deliver", "t": 9, "rows": [[7, ')
+    assert check(ev.root).violations == []
+
+
+def test_a_commit_the_history_table_lacks_voids_the_run(ev: Evidence) -> None:
+    ev.deliver(2.5, 1, (1, 3), (2, 2))
+    ev.history.discard((2, 2))
+    report = ev.judge()
+    assert any("history table lacks" in v for v in report.violations)
+
+
+def test_the_schedule_replays_from_its_seed() -> None:
+    first = schedule(7, 1800, 4.0)
+    assert first == schedule(7, 1800, 4.0)
+    assert first != schedule(8, 1800, 4.0)
+    assert len(first) >= 100
+    assert {f.kind for f in first} == set(KINDS)
+    assert all(3 <= f.at <= 1797 for f in first)
+    assert all(b.at > a.at for a, b in itertools.pairwise(first))
+    long_pauses = [f.duration for f in first if f.kind in ("stop_poller", "pause_azurite_long")]
+    assert min(long_pauses) > 15  # past the 15 s lease and the 15 s storage read timeout
+
+
+def test_control_mode_loses_rows_and_the_soak_says_so(pg_url: str, tmp_path: Path) -> None:
+    """With the horizon off, late commits are passed over: the checker must report them lost
+    (the proof that it can fail), and nothing else may be wrong."""
+    from devkit.azurite import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    out = tmp_path / "evidence"
+    pg = pg_url.replace("postgresql+psycopg://", "postgresql://", 1)
+    args = ["--control", "--seconds", "30", "--seed", "5", "--pollers", "2"]
+    done = subprocess.run(
+        [sys.executable, "-m", "soak", *args, "--out", str(out), "--pg", pg],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["control"] is True
+    assert report["missing"] > 0, report
+    assert report["harness"] == []
+    assert "(a)" in done.stderr
+    assert "seed 5" in done.stderr
+    assert str(out) in done.stderr

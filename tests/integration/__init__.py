@@ -1,0 +1,1 @@
+"""Integration tests against the real servers: PostgreSQL, MariaDB, SQLite, Azurite, Spark."""
