@@ -14,7 +14,6 @@ Environment (set by ``soak.run``): ``AzureWebJobsStorage``, ``SOAK_DB_URL``, ``S
 
 from __future__ import annotations
 
-import logging
 import os
 import random
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import azure_functions_db as afdb
-from soak.evidence import EvidenceLog
+from devkit.evidence import EvidenceLog, capture_engine_events
 
 ENV = os.environ
 LEASE_SECONDS = 15.0
@@ -38,24 +37,7 @@ P_FAIL, P_FREEZE, P_SLOW = 0.02, 0.01, 0.08
 WORK = (0.02, 0.1)
 
 
-class _EngineEvents(logging.Handler):
-    """The engine's structured events (lease acquired with its fence, commits, losses)."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        action = getattr(record, "afdb_action", None)
-        if action is None:
-            return
-        fields = {
-            k.removeprefix("afdb_"): v
-            for k, v in vars(record).items()
-            if k.startswith("afdb_") and k != "afdb_action"
-        }
-        EVENTS.write("log", action=action, level=record.levelname, **fields)
-
-
-_library_logger = logging.getLogger("azure_functions_db")
-_library_logger.setLevel(logging.INFO)
-_library_logger.addHandler(_EngineEvents())
+capture_engine_events(EVENTS.write)
 
 db = afdb.PollerBlueprint()
 

@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from soak.evidence import read_all
+from devkit.evidence import read_all
 
 Pair = tuple[int, int]
 # The engine's events that end a handler call's batch: acknowledged, or not.

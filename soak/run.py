@@ -45,8 +45,8 @@ from psycopg import sql
 
 import azure_functions_db as afdb
 from devkit.azurite import DIE_WITH_PARENT, Azurite
+from devkit.evidence import EvidenceLog
 from soak.check import Report, check
-from soak.evidence import EvidenceLog
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/test"

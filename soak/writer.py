@@ -30,7 +30,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from soak.evidence import EvidenceLog
+from devkit.evidence import EvidenceLog
 
 P_ROLLBACK = 0.08
 P_LATE = 0.15

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import logging
 import os
 import threading
 import time
@@ -50,6 +49,7 @@ from requests.structures import CaseInsensitiveDict
 
 import azure_functions_db as afdb
 from azure_functions_db.core.batch import Batch
+from devkit.evidence import capture_engine_events
 
 ENV = os.environ
 EVENTS = Path(ENV["AZP_EVENTS"])
@@ -71,24 +71,7 @@ def emit(ev: str, **fields: Any) -> None:
             os.close(fd)
 
 
-class EventLog(logging.Handler):
-    """The engine's structured log events (``action=...``) as events in the file."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        action = getattr(record, "afdb_action", None)
-        if action is None:
-            return
-        fields = {
-            k.removeprefix("afdb_"): v
-            for k, v in vars(record).items()
-            if k.startswith("afdb_") and k != "afdb_action"
-        }
-        emit("log", action=action, level=record.levelname, **fields)
-
-
-_afdb_logger = logging.getLogger("azure_functions_db")
-_afdb_logger.setLevel(logging.INFO)
-_afdb_logger.addHandler(EventLog())
+capture_engine_events(emit)
 
 
 # -- fault injection ------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Evidence files: one JSON object per line, each appended with one ``write`` and fsynced.
+"""Evidence files for process tests and the soak: one JSON object per line, each appended with
+one ``write`` and fsynced; and the library's structured events captured into them.
 
 Every process of the soak writes its own file, so a SIGKILL can cost at most the line being
 written (the checker skips a torn last line). Times are ``time.monotonic()``, which on Linux is
@@ -8,10 +9,11 @@ one clock for every process of the machine, so events of different processes com
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,3 +58,30 @@ def read_all(folder: Path, pattern: str = "*.jsonl") -> list[dict[str, Any]]:
         events.extend(read_events(path))
     events.sort(key=lambda e: float(e["t"]))
     return events
+
+
+class EngineEvents(logging.Handler):
+    """Hands the library's structured events (``action=...``: lease acquired with its fence,
+    commits, losses) to ``sink("log", action=..., level=..., **fields)``."""
+
+    def __init__(self, sink: Callable[..., object]) -> None:
+        super().__init__()
+        self._sink = sink
+
+    def emit(self, record: logging.LogRecord) -> None:
+        action = getattr(record, "afdb_action", None)
+        if action is None:
+            return
+        fields = {
+            k.removeprefix("afdb_"): v
+            for k, v in vars(record).items()
+            if k.startswith("afdb_") and k != "afdb_action"
+        }
+        self._sink("log", action=action, level=record.levelname, **fields)
+
+
+def capture_engine_events(sink: Callable[..., object]) -> None:
+    """Send the library's INFO-and-above structured events of this process to ``sink``."""
+    library = logging.getLogger("azure_functions_db")
+    library.setLevel(logging.INFO)
+    library.addHandler(EngineEvents(sink))
