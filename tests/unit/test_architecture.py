@@ -54,6 +54,21 @@ def test_core_reads_no_clock_and_no_environment(path):
         assert name not in text, f"core/{path.name} uses {name}"
 
 
+@pytest.mark.parametrize("path", modules("core"), ids=lambda p: p.name)
+def test_core_does_no_io(path):
+    """No files, sockets, processes or network in core: it computes, the adapters do I/O."""
+    io_modules = {"socket", "subprocess", "shutil", "pathlib", "io", "urllib", "http", "ssl"}
+    for name in imports_of(path):
+        assert name.split(".")[0] not in io_modules, f"core/{path.name} imports {name}"
+    tree = ast.parse(path.read_text())
+    calls = [
+        n.func.id
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+    ]
+    assert "open" not in calls, f"core/{path.name} opens a file"
+
+
 def test_the_one_clock_module_holds_the_protocol_and_the_system_clock():
     from azure_functions_db.core.clock import Clock, SystemClock
 
