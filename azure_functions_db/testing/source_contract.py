@@ -198,6 +198,32 @@ class SourceContract:
         with pytest.raises(NullCursorError):
             strict.check()
 
+    def test_a_null_in_a_later_cursor_column_is_excluded_too(self, opened: list[Source]) -> None:
+        rows: list[dict[str, Any]] = [
+            {"id": 1, "a": 1, "b": None},
+            {"id": 2, "a": 1, "b": 2},
+            {"id": 3, "a": None, "b": 1},
+        ]
+        cols = {"id": self.int_type, "a": self.int_type + "?", "b": self.int_type + "?"}
+        self.create("t_null2", cols, ["id"], rows)
+        source = self._open(opened, "t_null2", ["a", "b"], ["id"])
+        assert source.check().null_cursor_rows == 2
+        assert _pk(drain(source, 1)) == [(2,)]
+
+    def test_a_position_without_key_values_starts_at_its_cursor(self, opened: list[Source]) -> None:
+        """What ``afdb seek --cursor 5`` stores: every row with cursor 5 or more, ties included."""
+        expected = self._ties("t_seek", 30)
+        source = self._open(opened, "t_seek", ["updated_at"], ["id"])
+        after = Position(cursor=(5,), pk=())
+        assert _pk(drain(source, 4, after)) == [k for k in expected if k[0] * 7 % 10 >= 5]
+
+    def test_an_empty_table_has_no_latest_and_no_rows(self, opened: list[Source]) -> None:
+        empty: list[dict[str, Any]] = []
+        self.create("t_empty", {"id": self.int_type, "updated_at": self.int_type}, ["id"], empty)
+        source = self._open(opened, "t_empty", ["updated_at"], ["id"])
+        assert source.latest(NO_HORIZON) is None
+        assert list(source.fetch(None, 10, NO_HORIZON)) == []
+
     def test_horizon_bound_is_exclusive_and_until_is_inclusive(self, opened: list[Source]) -> None:
         expected = self._ties("t_bound", 30)
         source = self._open(opened, "t_bound", ["updated_at"], ["id"])

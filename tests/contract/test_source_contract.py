@@ -75,7 +75,7 @@ class TestMemorySource(SourceContract):
         key: Sequence[str],
         rows: Sequence[Mapping[str, Any]],
     ) -> None:
-        self.tables[table] = (list(key), [])
+        self.tables[table] = (list(columns), [])
         self.insert(table, rows)
 
     def insert(self, table: str, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -86,8 +86,7 @@ class TestMemorySource(SourceContract):
     def source(
         self, table: str, cursor: Sequence[str], pk: Sequence[str], **options: Any
     ) -> Source:
-        columns = set().union(*(r.keys() for r in self.tables[table][1]))
-        missing = [c for c in (*cursor, *pk) if c not in columns]
+        missing = [c for c in (*cursor, *pk) if c not in self.tables[table][0]]
         if missing:
             from azure_functions_db.errors import SourceDefinitionError
 

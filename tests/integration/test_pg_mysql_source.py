@@ -69,60 +69,6 @@ def micro_datetime(db: Db) -> Any:
 # --------------------------------------------------------------------------------------------
 
 
-def test_fifty_ties_split_across_batches_of_seven_are_each_read_once(db, opened):
-    rows = [{"id": i, "updated_at": T0, "status": "x"} for i in range(50, 0, -1)]
-    db.table("orders", orders_columns(micro_datetime(db)), rows, index=["updated_at", "id"])
-    source = open_source(opened, db, "orders", "updated_at", "id")
-    read = drain(source, 7)
-    assert [r.position.pk for r in read] == [(i,) for i in range(1, 51)]
-    assert all(r.position.cursor == (T0,) for r in read)
-    assert read[0].data == {"id": 1, "updated_at": T0, "status": "x"}
-    assert source.check().warnings == ()  # the (updated_at, id) index is found by reflection
-
-
-def test_ties_mixed_with_distinct_cursors_keep_cursor_then_pk_order(db, opened):
-    rows = [
-        {"id": i, "updated_at": T0 + dt.timedelta(microseconds=(i * 7) % 5), "status": "x"}
-        for i in range(1, 60)
-    ]
-    db.table("orders", orders_columns(micro_datetime(db)), rows, index=["updated_at", "id"])
-    source = open_source(opened, db, "orders", "updated_at", "id")
-    keys = [r.position.key for r in drain(source, 4)]
-    assert keys == sorted((r["updated_at"], r["id"]) for r in rows)
-
-
-def test_composite_cursor_and_composite_pk(db, opened):
-    columns = [
-        sa.Column("shard", sa.Integer, nullable=False),
-        sa.Column("seq", sa.Integer, nullable=False),
-        sa.Column("region", sa.String(10), primary_key=True),
-        sa.Column("num", sa.Integer, primary_key=True, autoincrement=False),
-    ]
-    rows = [
-        {"shard": s, "seq": q, "region": r, "num": n + 10 * (2 * s + q)}  # (region, num) unique
-        for s in (2, 1)
-        for q in (1, 0)
-        for r in ("eu", "us")
-        for n in (3, 1, 2)
-    ]
-    rows += [{"shard": 1, "seq": 1, "region": "eu", "num": 100 + n} for n in range(20)]  # ties
-    db.table("orders", columns, rows, index=["shard", "seq", "region", "num"])
-    source = open_source(opened, db, "orders", ["shard", "seq"])  # pk reflected: (region, num)
-    assert source.description.pk == ("region", "num")
-    read = drain(source, 5)
-    assert [r.position.key for r in read] == sorted(
-        (r["shard"], r["seq"], r["region"], r["num"]) for r in rows
-    )
-    assert read[0].position == Position(cursor=(1, 0), pk=("eu", 21))
-    assert source.check().warnings == ()
-    # Resuming from every stored position continues exactly.
-    for i in (0, 4, 17, len(read) - 2):
-        after = through_checkpoint(source, read[i].position)
-        assert [r.position for r in drain(source, 3, after=after)] == [
-            r.position for r in read[i + 1 :]
-        ]
-
-
 # --------------------------------------------------------------------------------------------
 # cursor types through the checkpoint codec
 # --------------------------------------------------------------------------------------------
@@ -253,33 +199,6 @@ def test_xid8_cursor_reads_as_int_orders_numerically_and_resumes(pg, opened):
 # --------------------------------------------------------------------------------------------
 
 
-def test_null_cursors_are_counted_and_never_returned(db, opened):
-    rows = [
-        {"id": i, "updated_at": None if i % 3 == 0 else T0, "status": "x"} for i in range(1, 10)
-    ]
-    db.table("orders", orders_columns(micro_datetime(db)), rows, index=["updated_at", "id"])
-    source = open_source(opened, db, "orders", "updated_at", "id")
-    health = source.check()
-    assert health.null_cursor_rows == 3
-    assert "3 row(s)" in health.warnings[0]
-    assert len(health.warnings) == 1
-    assert [r.position.pk[0] for r in drain(source, 2)] == [1, 2, 4, 5, 7, 8]
-    assert source.latest(NO_HORIZON) == Position(cursor=(T0,), pk=(8,))
-
-
-def test_null_in_a_later_cursor_column_is_excluded_too(db, opened):
-    columns = [
-        sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
-        sa.Column("a", sa.Integer, nullable=True),
-        sa.Column("b", sa.Integer, nullable=True),
-    ]
-    rows = [{"id": 1, "a": 1, "b": None}, {"id": 2, "a": 1, "b": 2}, {"id": 3, "a": None, "b": 1}]
-    db.table("pairs", columns, rows, index=["a", "b", "id"])
-    source = open_source(opened, db, "pairs", ["a", "b"])
-    assert source.check().null_cursor_rows == 2
-    assert [r.position.pk for r in drain(source, 1)] == [(2,)]
-
-
 def test_latest_and_seek_from_a_parsed_cursor(db, opened):
     rows = [
         {"id": i, "updated_at": T0 + dt.timedelta(microseconds=i // 3), "status": "x"}
@@ -299,13 +218,6 @@ def test_latest_and_seek_from_a_parsed_cursor(db, opened):
     after = drain(source, 2, after=Position(cursor=value, pk=()))
     assert [r.position.pk[0] for r in after] == [6, 7, 8, 9, 10, 11]
     assert [r.position.pk[0] for r in drain(source, 2, bound)] == [0, 1, 2, 3, 4, 5]
-
-
-def test_empty_table_has_no_latest(db, opened):
-    db.table("orders", orders_columns(micro_datetime(db)), [], index=["updated_at", "id"])
-    source = open_source(opened, db, "orders", "updated_at", "id")
-    assert source.latest(NO_HORIZON) is None
-    assert source.fetch(None, 10, NO_HORIZON) == []
 
 
 def test_parse_cursor_per_postgres_type(pg, opened):

@@ -146,29 +146,6 @@ def stamp(db: Db, moment: dt.datetime) -> dt.datetime:
 # --------------------------------------------------------------------------------------------
 
 
-def test_fifty_ties_split_across_batches_of_seven_are_each_read_once(odb, opened):
-    columns = [
-        sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
-        sa.Column("updated_at", time_type(odb), nullable=False),
-        sa.Column("status", sa.String(40)),
-    ]
-    later = stamp(odb, T0 + dt.timedelta(seconds=1, microseconds=1))
-    rows = [{"id": i, "updated_at": stamp(odb, T0), "status": "x"} for i in range(50, 0, -1)]
-    rows += [{"id": 51, "updated_at": later, "status": "y"}]
-    odb.table("orders", columns, rows, index=["updated_at", "id"])
-    source = open_source(opened, odb, "orders", "updated_at")
-    read = drain(source, 7)
-    assert [r.position.pk for r in read] == [(i,) for i in range(1, 52)]
-    assert [r.position.cursor for r in read] == [(stamp(odb, T0),)] * 50 + [(later,)]
-    assert read[0].data == {"id": 1, "updated_at": stamp(odb, T0), "status": "x"}
-    assert source.check().warnings == ()  # the index, reflected through ODBC
-    for i in (6, 7, 49):  # resume at a batch boundary, inside the ties, at the last tie
-        after = through_checkpoint(source, read[i].position)
-        assert [r.position for r in drain(source, 7, after=after)] == [
-            r.position for r in read[i + 1 :]
-        ]
-
-
 # (column type, values) per case; every value is stored three times.
 COMMON_TYPES: dict[str, tuple[Any, list[Any]]] = {
     "int": (sa.Integer, [3, -1, 2, 2_000_000_000]),
@@ -253,40 +230,6 @@ def test_cursor_types_resume_exactly_from_a_decoded_checkpoint(request, opened, 
             assert str(decoded.cursor[0]) == str(row.position.cursor[0])
         rest = source.fetch(decoded, len(read), NO_HORIZON)
         assert [r.position for r in rest] == [r.position for r in read[i + 1 :]], (i, row)
-
-
-def test_composite_cursor_and_composite_pk(odb, opened):
-    columns = [
-        sa.Column("shard", sa.Integer, nullable=False),
-        sa.Column("seq", sa.BigInteger, nullable=False),
-        sa.Column("region", sa.String(10), primary_key=True),
-        sa.Column("num", sa.Integer, primary_key=True, autoincrement=False),
-    ]
-    rows = [
-        {"shard": s, "seq": BIG + q, "region": r, "num": n + 10 * (2 * s + q)}
-        for s in (2, 1)
-        for q in (1, 0)
-        for r in ("eu", "us")
-        for n in (3, 1, 2)
-    ]
-    rows += [{"shard": 1, "seq": BIG + 1, "region": "eu", "num": 100 + n} for n in range(20)]
-    odb.table("events", columns, rows, index=["shard", "seq", "region", "num"])
-    source = open_source(opened, odb, "events", ["shard", "seq"])
-    assert source.description.pk == ("region", "num")  # the primary key, reflected via ODBC
-    read = drain(source, 5)
-    assert [r.position.key for r in read] == sorted(
-        (r["shard"], r["seq"], r["region"], r["num"]) for r in rows
-    )
-    assert source.check().warnings == ()
-    for i in (0, 4, 17, len(read) - 2):
-        after = through_checkpoint(source, read[i].position)
-        assert [r.position for r in drain(source, 3, after=after)] == [
-            r.position for r in read[i + 1 :]
-        ]
-    at = Position(cursor=source.parse_cursor(f"1, {BIG + 1}"), pk=())
-    assert [r.position.key for r in drain(source, 4, after=at)] == [
-        r.position.key for r in read if r.position.cursor >= (1, BIG + 1)
-    ]
 
 
 # --------------------------------------------------------------------------------------------

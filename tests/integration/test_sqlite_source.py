@@ -97,52 +97,6 @@ def test_is_a_source(tmp_path):
     assert isinstance(SqlSource(orders(tmp_path / "db", []), "orders", "updated_at"), Source)
 
 
-def test_fifty_ties_split_across_batches_of_seven_are_each_read_once(tmp_path, opened):
-    rows = [{"id": i, "updated_at": T0, "status": "x"} for i in range(50, 0, -1)]
-    url = orders(tmp_path / "db", rows)
-    source = open_source(opened, url, "orders", "updated_at", "id")
-    read = drain(source, 7)
-    assert [r.position.pk for r in read] == [(i,) for i in range(1, 51)]
-    assert all(r.position.cursor == (T0,) for r in read)
-    assert read[0].data == {"id": 1, "updated_at": T0, "status": "x"}
-
-
-def test_ties_mixed_with_distinct_cursors_keep_cursor_then_pk_order(tmp_path, opened):
-    rows = [
-        {"id": i, "updated_at": T0 + dt.timedelta(seconds=(i * 7) % 5), "status": "x"}
-        for i in range(1, 60)
-    ]
-    url = orders(tmp_path / "db", rows)
-    source = open_source(opened, url, "orders", "updated_at", "id")
-    keys = [r.position.key for r in drain(source, 4)]
-    assert keys == sorted((r["updated_at"], r["id"]) for r in rows)
-
-
-def test_composite_cursor_and_composite_pk(tmp_path, opened):
-    columns = [
-        sa.Column("shard", sa.Integer, nullable=False),
-        sa.Column("seq", sa.Integer, nullable=False),
-        sa.Column("region", sa.String(10), primary_key=True),
-        sa.Column("num", sa.Integer, primary_key=True),
-    ]
-    rows = [
-        {"shard": s, "seq": q, "region": r, "num": n + 10 * (2 * s + q)}  # (region, num) unique
-        for s in (2, 1)
-        for q in (1, 0)
-        for r in ("eu", "us")
-        for n in (3, 1, 2)
-    ]
-    url = make_table(tmp_path / "db", columns, rows, index=["shard", "seq", "region", "num"])
-    source = open_source(opened, url, "orders", ["shard", "seq"])  # pk reflected: (region, num)
-    assert source.description.pk == ("region", "num")
-    read = drain(source, 5)
-    assert [r.position.key for r in read] == sorted(
-        (r["shard"], r["seq"], r["region"], r["num"]) for r in rows
-    )
-    assert read[0].position == Position(cursor=(1, 0), pk=("eu", 21))
-    assert source.check().warnings == ()
-
-
 def test_position_without_pk_starts_at_that_cursor(tmp_path, opened):
     rows = [
         {"id": i, "updated_at": T0 + dt.timedelta(seconds=i // 3), "status": "x"} for i in range(9)
@@ -339,19 +293,6 @@ def test_null_cursors_are_counted_and_never_returned(tmp_path, opened, caplog):
     with pytest.raises(NullCursorError) as err:
         strict.check()
     assert (err.value.table, err.value.column, err.value.count) == ("orders", "updated_at", 3)
-
-
-def test_null_in_a_later_cursor_column_is_excluded_too(tmp_path, opened):
-    columns = [
-        sa.Column("id", sa.Integer, primary_key=True),
-        sa.Column("a", sa.Integer),
-        sa.Column("b", sa.Integer),
-    ]
-    rows = [{"id": 1, "a": 1, "b": None}, {"id": 2, "a": 1, "b": 1}, {"id": 3, "a": 2, "b": None}]
-    source = open_source(opened, make_table(tmp_path / "db", columns, rows), "orders", ["a", "b"])
-    assert [r.position.pk for r in drain(source, 1)] == [(2,)]
-    assert [r.position.pk for r in drain(source, 1, after=Position((0, 0), (0,)))] == [(2,)]
-    assert source.check().null_cursor_rows == 2
 
 
 def test_null_counts_respect_the_filter(tmp_path, opened):
