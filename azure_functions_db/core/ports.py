@@ -191,6 +191,7 @@ class Horizon:
     when the safe method was unavailable. ``hold``: the open transaction the bound waits for,
     when a commit-safe method found one (``None``: nothing holds it but the settle margin).
     ``fix``: after a fallback, the one statement that restores the safe method (a ``GRANT``).
+    ``privileges``: what the method in effect needs of the database role (``GRANT`` names).
     """
 
     bound: KeyValue | None
@@ -199,6 +200,7 @@ class Horizon:
     until: Position | None = None
     hold: HorizonHold | None = None
     fix: str | None = None
+    privileges: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -41,29 +41,26 @@ __all__ = ["HorizonFinding", "Level", "describe_horizon", "key_problems", "lag_r
 
 Level = Literal["ok", "warning", "error"]
 
-# What each commit-safe method does, the privileges it needs (as GRANT names them), and in words.
-_SAFE_METHODS: dict[str, tuple[str, tuple[str, ...], str]] = {
+# What each commit-safe method does, and what it needs, in words (the privileges themselves come
+# from the strategy, in `Horizon.privileges`).
+_SAFE_METHODS: dict[str, tuple[str, str]] = {
     PgSnapshotHorizon.name: (
         "every row below the snapshot xmin (`pg_snapshot_xmin(pg_current_snapshot())`) has "
         "committed",
-        (),
         "needs no privilege",
     ),
     PgXactStartHorizon.name: (
         "rows wait until every transaction that started before them has ended (oldest "
         "`xact_start` in pg_stat_activity)",
-        ("pg_read_all_stats",),
         "needs membership in `pg_read_all_stats` (or superuser), which {user} has",
     ),
     MysqlTrxHorizon.name: (
         "rows wait until every InnoDB transaction that started before them has ended (oldest "
         "`trx_started` in information_schema.innodb_trx)",
-        ("PROCESS",),
         "needs the `PROCESS` privilege, which {user} has",
     ),
     MssqlRowversionHorizon.name: (
         "every row below `MIN_ACTIVE_ROWVERSION()` has committed",
-        (),
         "needs no privilege",
     ),
 }
@@ -107,7 +104,8 @@ def describe_horizon(
     lag_text = f"lag={lag.total_seconds():g}s" if lag else "lag=0"
     fix = horizon.fix
     if safe is not None:
-        what, privileges, needs = safe
+        what, needs = safe
+        privileges = horizon.privileges
         granted = needs.format(user=f"`{user}`" if user else "the connection")
         margin = f"; `{lag_text}` is added as a margin" if lag else ""
         message = f"Horizon `{horizon.method}` (commit-safe): {what}; {granted}{margin}."

@@ -211,6 +211,8 @@ class PgSnapshotHorizon:
     """
 
     name = "pg_snapshot_xmin"
+    #: What the database role needs for this method, as ``GRANT`` names it.
+    privileges: tuple[str, ...] = ()
 
     def prepare(self, target: HorizonTarget) -> None:
         """Require PostgreSQL, an ``xid8`` leading cursor and no ``lag``."""
@@ -247,6 +249,8 @@ class PgXactStartHorizon:
     """
 
     name = "pg_xact_start"
+    #: What the database role needs for this method, as ``GRANT`` names it.
+    privileges: tuple[str, ...] = ("pg_read_all_stats",)
 
     def __init__(self, settle: dt.timedelta = DEFAULT_SETTLE) -> None:
         self.settle = settle
@@ -317,6 +321,8 @@ class MysqlTrxHorizon:
     """
 
     name = "mysql_innodb_trx"
+    #: What the database role needs for this method, as ``GRANT`` names it.
+    privileges: tuple[str, ...] = ("PROCESS",)
 
     def __init__(self, settle: dt.timedelta = DEFAULT_SETTLE) -> None:
         self.settle = settle
@@ -395,6 +401,8 @@ class SqliteClockHorizon:
     """
 
     name = "sqlite_clock"
+    #: What the database role needs for this method, as ``GRANT`` names it.
+    privileges: tuple[str, ...] = ()
 
     def __init__(self, settle: dt.timedelta = DEFAULT_SETTLE) -> None:
         self.settle = settle
@@ -424,6 +432,8 @@ class MssqlRowversionHorizon:
     """
 
     name = "mssql_min_active_rowversion"
+    #: What the database role needs for this method, as ``GRANT`` names it.
+    privileges: tuple[str, ...] = ()
 
     def prepare(self, target: HorizonTarget) -> None:
         """Require SQL Server, a ``rowversion`` leading cursor and no ``lag``."""

@@ -196,6 +196,12 @@ class AutoHorizon:
             return self.chosen.bound(target, now)
 
     @property
+    def privileges(self) -> tuple[str, ...]:
+        """What the chosen strategy needs of the database role (``GRANT`` names)."""
+        privileges: tuple[str, ...] = getattr(self.chosen, "privileges", ())
+        return privileges
+
+    @property
     def hold(self) -> HorizonHold | None:
         """The open transaction the chosen strategy's last bound waited for, if it says."""
         hold: HorizonHold | None = getattr(self.chosen, "hold", None)

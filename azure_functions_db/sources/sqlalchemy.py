@@ -284,6 +284,7 @@ class SqlSource:
             detail=getattr(self._horizon, "detail", ""),
             hold=getattr(self._horizon, "hold", None),
             fix=getattr(self._horizon, "fix", None),
+            privileges=getattr(self._horizon, "privileges", ()),
         )
 
     def fetch(self, after: Position | None, limit: int, horizon: Horizon) -> Sequence[SourceRow]:
