@@ -140,9 +140,40 @@ def _select(app: str, names: Sequence[str] | None) -> list[Any]:
 
 
 def _demo(args: argparse.Namespace, console: Console) -> int:
-    from azure_functions_db.ops.demo import run_demo
+    from azure_functions_db.ops import demo
 
-    return EXIT_OK if run_demo(args.dir, console) else EXIT_FAILED
+    def show(event: demo.DemoEvent) -> None:
+        if isinstance(event, demo.DemoStarted):
+            console.print(f"SQLite table: {event.database}   state: {event.state}")
+        elif isinstance(event, demo.DemoStep):
+            console.rule(event.title)
+        elif isinstance(event, demo.DemoBatch):
+            table = Table(title=f"batch (attempt {event.attempt}, fence {event.fence})")
+            for column in demo.BATCH_COLUMNS:
+                table.add_column(column)
+            for row in event.rows:
+                table.add_row(*row)
+            console.print(table)
+        else:
+            console.print(
+                f"run: {event.status}, {event.batches} batch(es), {event.rows} row(s) delivered"
+            )
+            if not event.ok:
+                console.print(
+                    f"expected ids {event.expected}, delivered {event.delivered}", style="red"
+                )
+
+    result = demo.run_demo(args.dir, show)
+    status = result.status
+    if status is not None:
+        console.rule("status")
+        console.print(
+            f"poller {status.poller} ({status.namespace}): position {status.position}, fence "
+            f"{status.fence}, {status.batches} batch(es) / {status.rows} row(s) committed, "
+            f"lease {status.lease_state}"
+        )
+    console.print("demo OK" if result.ok else "demo FAILED", style="green" if result.ok else "red")
+    return EXIT_OK if result.ok else EXIT_FAILED
 
 
 def _run(args: argparse.Namespace, console: Console) -> int:

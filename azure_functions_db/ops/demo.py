@@ -3,26 +3,83 @@
 It shows the whole delivery cycle and checks it: the first run delivers every row in
 ``(updated_at, id)`` order although many rows share a timestamp across batch boundaries, an idle
 run delivers nothing, and after new and updated rows the next run delivers exactly those.
+:func:`run_demo` returns data and hands each step to a callback as it happens; ``afdb demo``
+prints them.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
 import sqlalchemy as sa
-from rich.console import Console
-from rich.table import Table
 
 from azure_functions_db.core.batch import Batch
 from azure_functions_db.functions.blueprint import PollerBlueprint
-from azure_functions_db.ops.status import poller_status
+from azure_functions_db.ops.status import PollerStatus, poller_status
 from azure_functions_db.sources.sqlalchemy import SqlSource
 from azure_functions_db.state.local import LocalStateStore
 
 T0 = dt.datetime(2026, 11, 1, 9, 0, 0)
+BATCH_COLUMNS = ("id", "customer", "amount", "status", "updated_at", "event_id")
+
+
+@dataclass(frozen=True)
+class DemoStarted:
+    """Where the demo's table and state are."""
+
+    database: Path
+    state: Path
+
+
+@dataclass(frozen=True)
+class DemoStep:
+    """A run is about to start; ``title`` says what it should deliver."""
+
+    title: str
+
+
+@dataclass(frozen=True)
+class DemoBatch:
+    """One batch as the handler got it: one text cell per column of ``BATCH_COLUMNS``."""
+
+    attempt: int
+    fence: int
+    rows: tuple[tuple[str, ...], ...]
+
+
+@dataclass(frozen=True)
+class DemoRun:
+    """A finished run: its report, and the ids it should have delivered and did."""
+
+    status: str
+    batches: int
+    rows: int
+    expected: list[int]
+    delivered: list[int]
+
+    @property
+    def ok(self) -> bool:
+        return self.delivered == self.expected
+
+
+@dataclass
+class DemoResult:
+    """Every run, the poller's status at the end, and whether every check held."""
+
+    runs: list[DemoRun] = field(default_factory=list)
+    status: PollerStatus | None = None
+
+    @property
+    def ok(self) -> bool:
+        return all(run.ok for run in self.runs)
+
+
+DemoEvent = DemoStarted | DemoStep | DemoBatch | DemoRun
 
 
 def _orders_table(metadata: sa.MetaData) -> sa.Table:
@@ -39,8 +96,10 @@ def _orders_table(metadata: sa.MetaData) -> sa.Table:
     return table
 
 
-def run_demo(directory: str | Path, console: Console) -> bool:
-    """Run the demo in ``directory`` (recreated); return whether every check held."""
+def run_demo(
+    directory: str | Path, on_event: Callable[[DemoEvent], None] = lambda _: None
+) -> DemoResult:
+    """Run the demo in ``directory`` (recreated), telling ``on_event`` each step as it happens."""
     root = Path(directory)
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
@@ -78,39 +137,33 @@ def run_demo(directory: str | Path, console: Console) -> bool:
     )
     def on_orders(batch: Batch) -> None:
         delivered.append([change.pk for change in batch])
-        table = Table(title=f"batch (attempt {batch.attempt}, fence {batch.fence})")
-        for column in ("id", "customer", "amount", "status", "updated_at", "event_id"):
-            table.add_column(column)
-        for change in batch:
-            row = change.data
-            table.add_row(
-                str(row["id"]),
-                row["customer"],
-                str(row["amount"]),
-                row["status"],
-                row["updated_at"].isoformat(sep=" "),
+        rows = tuple(
+            (
+                str(change.data["id"]),
+                change.data["customer"],
+                str(change.data["amount"]),
+                change.data["status"],
+                change.data["updated_at"].isoformat(sep=" "),
                 change.event_id[:12],
             )
-        console.print(table)
+            for change in batch
+        )
+        on_event(DemoBatch(batch.attempt, batch.fence, rows))
 
     poller = db.pollers["orders"]
     settings: dict[str, str] = {}
-    ok = True
+    result = DemoResult()
 
     def step(title: str, expected: list[int]) -> None:
-        nonlocal ok
-        console.rule(title)
+        on_event(DemoStep(title))
         delivered.clear()
         report = poller.run_once(settings)
         got = [pk for batch in delivered for pk in batch]
-        console.print(
-            f"run: {report.status}, {report.batches} batch(es), {report.rows} row(s) delivered"
-        )
-        if got != expected:
-            ok = False
-            console.print(f"expected ids {expected}, delivered {got}", style="red")
+        run = DemoRun(report.status, report.batches, report.rows, expected, got)
+        result.runs.append(run)
+        on_event(run)
 
-    console.print(f"SQLite table: {db_path}   state: {root / 'state'}")
+    on_event(DemoStarted(db_path, root / "state"))
     step("first run: every order, in (updated_at, id) order", [1, *range(2, 8), 8, 9, 10])
     step("second run: nothing new", [])
 
@@ -142,13 +195,5 @@ def run_demo(directory: str | Path, console: Console) -> bool:
         )
     step("third run: two new orders and one update, exactly those", [11, 12, 3])
     engine.dispose()
-
-    status = poller_status(poller, settings)
-    console.rule("status")
-    console.print(
-        f"poller {status.poller} ({status.namespace}): position {status.position}, fence "
-        f"{status.fence}, {status.batches} batch(es) / {status.rows} row(s) committed, "
-        f"lease {status.lease_state}"
-    )
-    console.print("demo OK" if ok else "demo FAILED", style="green" if ok else "red")
-    return ok
+    result.status = poller_status(poller, settings)
+    return result

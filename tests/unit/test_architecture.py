@@ -277,3 +277,12 @@ def test_the_architecture_page_matches_the_tree():
             assert not public or module.name in tree, f"{folder.name}/{module.name} not shown"
     for module in PACKAGE.glob("*.py"):
         assert module.name in tree or module.name == "__main__.py", module.name
+
+
+def test_operator_use_cases_return_data_and_only_the_cli_prints():
+    printers = [
+        str(p.relative_to(PACKAGE))
+        for p in (PACKAGE / "ops").rglob("*.py")
+        if any(n.split(".")[0] == "rich" for n in imports_of(p)) or "print(" in p.read_text()
+    ]
+    assert printers == []
