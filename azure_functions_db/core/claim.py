@@ -96,6 +96,11 @@ class Claim:
                     self.keeper.mark_lost("checkpoint changed by another writer")
                 raise
             etag = landed
+            # The store misbehaved (a restart, a failover): before any further handler call,
+            # make sure it still knows this lease. A store that lost it refuses the renewal and
+            # the lease counts as lost; an Azure lease is never dropped early, an emulator's
+            # restart can drop one.
+            self.keeper.renew_now()
         self.checkpoint, self.etag = new, etag
 
     def try_write(self, new: Checkpoint) -> bool:

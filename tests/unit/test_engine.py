@@ -436,6 +436,40 @@ def test_case_g_ambiguous_commit_that_landed_is_recognised(orders, store, clock,
     assert stored(store).stats.rows == 8
 
 
+class ForgetfulStore(FlakyStore):
+    """The first commit lands, then the store forgets the live lease (as an emulator does when it
+    restarts) and the caller never hears the answer."""
+
+    def __init__(self, inner: StateStore) -> None:
+        super().__init__(inner, 1, land=True, error=TransientStoreError("connection reset"))
+        self.grant: Any = None
+
+    def acquire(self, *args: Any) -> Any:
+        self.grant = self.inner.acquire(*args)
+        return self.grant
+
+    def replace(self, checkpoint: Checkpoint, etag: str) -> str:
+        self.replaces += 1
+        if self.replaces != self.fail_on:
+            return self.inner.replace(checkpoint, etag)
+        self.inner.replace(checkpoint, etag)
+        self.inner.release(self.grant)  # the lease is gone, though within its term
+        raise self.error
+
+
+def test_case_g_after_an_unanswered_commit_the_lease_is_confirmed_before_the_next_batch(
+    orders, store, clock
+):
+    """A store that lost its answer may have lost more: before another handler call, the
+    engine renews the lease, and a lease the store forgot ends the run (no second call)."""
+    orders.insert(range(1, 9))
+    handler = Recorder()
+    with pytest.raises(LeaseLostError):
+        make_engine(orders, ForgetfulStore(store), handler, clock).run(SETTINGS)  # type: ignore[arg-type]
+    assert handler.ids == [1, 2, 3, 4]
+    assert stored(store).position is not None
+
+
 def test_case_g_ambiguous_commit_that_did_not_land_redelivers(orders, store, clock):
     handler = first_commit_fails_then_rerun(orders, store, clock, TransientStoreError("timeout"))
     assert handler.ids == [1, 2, 3, 4, 1, 2, 3, 4, 5, 6, 7, 8]
