@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+# The app next to this file, and the repository (for `devkit`), as `python -m` would see them.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import azure_proc_app as app
