@@ -23,6 +23,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="turn the late-commit horizon off: the checker must then report lost rows",
     )
+    parser.add_argument(
+        "--calm",
+        action="store_true",
+        help="no faults and a handler that never fails or freezes (with --control: the loss "
+        "comes from the missing horizon alone)",
+    )
     parser.add_argument("--pollers", type=int, default=3)
     parser.add_argument("--writers", type=int, default=4)
     parser.add_argument(
@@ -36,6 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed=seed,
         out=args.out,
         control=args.control,
+        calm=args.calm,
         pollers=args.pollers,
         writers=args.writers,
         fault_every=args.fault_every,

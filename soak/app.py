@@ -9,7 +9,8 @@ driver creates the drain flag it does none of that, so the drain is quick.
 
 Environment (set by ``soak.run``): ``AzureWebJobsStorage``, ``SOAK_DB_URL``, ``SOAK_TABLE``,
 ``SOAK_CONTAINER``, ``SOAK_EVENTS`` (folder), ``SOAK_DRAIN`` (flag file), ``SOAK_SEED``,
-``SOAK_CONTROL`` (``1``: no late-commit horizon; the soak must then report lost rows).
+``SOAK_CONTROL`` (``1``: no late-commit horizon; the soak must then report lost rows),
+``SOAK_CALM`` (``1``: the handler never fails, freezes or dawdles).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ LEASE_SECONDS = 15.0
 EVENTS = EvidenceLog(Path(ENV["SOAK_EVENTS"]) / f"poller-{os.getpid()}.jsonl")
 DRAIN = Path(ENV["SOAK_DRAIN"])
 CONTROL = ENV.get("SOAK_CONTROL") == "1"
+CALM = ENV.get("SOAK_CALM") == "1"
 # Per process: each replacement poller draws its own behaviour.
 _rng = random.Random(f"{ENV.get('SOAK_SEED', '0')}:{os.getpid()}")  # noqa: S311 - not crypto
 
@@ -63,7 +65,7 @@ def _position(position: afdb.Position | None) -> list[Any] | None:
 )
 def on_changes(batch: afdb.Batch) -> None:
     started = EVENTS.write("start", fence=batch.fence, attempt=batch.attempt, rows=len(batch))
-    if not DRAIN.exists():
+    if not CALM and not DRAIN.exists():
         draw = _rng.random()
         if draw < P_FAIL:
             EVENTS.write("fail", fence=batch.fence)

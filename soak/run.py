@@ -73,6 +73,7 @@ class Options:
     seed: int = 1
     out: Path | None = None
     control: bool = False
+    calm: bool = False  # no faults, and a handler that never fails, freezes or dawdles
     pollers: int = 3
     writers: int = 4
     fault_every: float = 4.0
@@ -205,6 +206,7 @@ class Soak:
             "SOAK_SEED": str(self.o.seed),
             "SOAK_WRITERS": str(self.o.writers),
             "SOAK_CONTROL": "1" if self.o.control else "0",
+            "SOAK_CALM": "1" if self.o.calm else "0",
         }
 
     def spawn(self, args: list[str], log: Path) -> tuple[subprocess.Popen[bytes], IO[bytes]]:
@@ -378,7 +380,7 @@ class Soak:
             for slot in self.slots:
                 self.start_poller(slot)
             monitor.start()
-            self.drive(schedule(o.seed, o.seconds, o.fault_every))
+            self.drive([] if o.calm else schedule(o.seed, o.seconds, o.fault_every))
             self.drain()
         finally:
             self.stop_monitor.set()
@@ -471,6 +473,7 @@ class Soak:
             "seed": self.o.seed,
             "seconds": self.o.seconds,
             "control": self.o.control,
+            "calm": self.o.calm,
             "pollers": self.o.pollers,
             "writers": self.o.writers,
             "fault_every": self.o.fault_every,

@@ -197,6 +197,11 @@ class SqlSource:
         )
 
     @property
+    def cursor_timezone(self) -> dt.tzinfo:
+        """The zone a naive date-time cursor holds wall-clock time in (UTC unless configured)."""
+        return self._zone
+
+    @property
     def engine(self) -> sa.Engine:
         """The SQLAlchemy engine; raises if the source is not open."""
         self._require_open()
@@ -419,13 +424,8 @@ class SqlSource:
 
     def horizon_target(self) -> HorizonTarget:
         """What the horizon strategy is given of this source (and nothing else)."""
-        return HorizonTarget(
-            engine=self.engine,
-            cursor=self.cursor_columns[0],
-            zone=self._zone,
-            lag=self._lag,
-            table=self._qualified,
-        )
+        cursor, zone, lag = self.cursor_columns[0], self._zone, self._lag
+        return HorizonTarget(self.engine, cursor, zone, lag, self._qualified)
 
     def _build(self, table: sa.Table, dialect: sa.Dialect) -> KeysetQuery:
         return config.keyset_query(
