@@ -104,14 +104,16 @@ class Claim:
         self.checkpoint, self.etag = new, etag
 
     def try_write(self, new: Checkpoint) -> bool:
-        """Best effort: :meth:`write` unless the lease is lost; ``False`` (logged) on failure."""
+        """Best effort (the attempt counter after a failed handler): one compare-and-set unless
+        the lease is lost; ``False``, logged, when it did not take."""
         if self.keeper.lost_reason() is not None:
             return False
         try:
-            self.store.replace(new, self.etag)
+            etag = self.store.replace(new, self.etag)
         except Exception as exc:  # noqa: BLE001 - the caller's own error is the one to report
             self._log(logging.WARNING, "attempt_count_failed", error=repr(exc))
             return False
+        self.checkpoint, self.etag = new, etag
         return True
 
     def _landed(self, new: Checkpoint, exc: Exception) -> str | None:
