@@ -26,6 +26,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
 from azure_functions_db.core.ports import StateStore
+from benchmarks import engine_runs as runs
 from benchmarks import pg_fixture as pg
 from benchmarks.harness import (
     Benchmark,
@@ -89,7 +90,7 @@ def measure(ctx: Context, work: list[tuple[Scans, dict[str, Callable[[], int]]]]
 
 def horizon_ms(db: pg.OrdersTable, horizon: pg.Horizon) -> tuple[float, str]:
     """Median wall time of ``SqlSource.horizon()`` on an open source, and the method used."""
-    source = pg.make_source(db, horizon)
+    source = db.source(horizon)
     source.open({})
     try:
         method = source.horizon().method
@@ -144,8 +145,8 @@ def run(ctx: Context) -> BenchmarkResult:  # noqa: PLR0915 - one linear report
             return {
                 "raw": lambda: pg.raw_scan(table, batch),
                 "core": lambda: pg.core_scan(table, batch),
-                "none": pg.local_drain(table, state, batch, "none"),
-                "auto": pg.local_drain(table, state, batch, "auto"),
+                "none": runs.local_drain(table, state, batch, horizon="none"),
+                "auto": runs.local_drain(table, state, batch, horizon="auto"),
             }
 
         small, full = Scans(db=small_db), Scans(db=db)
@@ -154,7 +155,7 @@ def run(ctx: Context) -> BenchmarkResult:  # noqa: PLR0915 - one linear report
             work["raw_row"] = lambda: pg.raw_scan(db, batch, "row")
             if make_blob is not None:
                 blob = make_blob
-                work["blob"] = lambda: pg.engine_drain(db, blob(), batch, "auto")
+                work["blob"] = lambda: runs.engine_drain(db, blob(), batch, horizon="auto")
             measure(ctx, [(small, plain(small_db, "small")), (full, work)])
         ctx.progress("timing the horizon query")
         auto_ms, method = horizon_ms(db, "auto")

@@ -20,21 +20,15 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 import sqlalchemy as sa
 
-from azure_functions_db.core.clock import SystemClock
-from azure_functions_db.core.engine import Engine, Handler, RunReport
-from azure_functions_db.core.ports import StateStore
 from azure_functions_db.sources.sqlalchemy import SqlSource
-from azure_functions_db.state.local import LocalStateStore
 from benchmarks import sqlite_fixture as sfx
 from benchmarks.harness import BenchmarkSkipped, Context
 
@@ -178,6 +172,17 @@ class OrdersTable:
     def qualified(self) -> str:
         return f'"{self.server.schema}"."{self.name}"'
 
+    def source(self, horizon: str | None = None) -> SqlSource:
+        """The source a user would write for this table."""
+        return SqlSource(
+            self.server.url,
+            table=self.name,
+            schema=self.server.schema,
+            cursor="updated_at",
+            pk="id",
+            horizon=horizon,
+        )
+
 
 def multiplier(rows: int) -> int:
     """A multiplier coprime with ``rows`` near ``rows`` times the golden ratio (a permutation)."""
@@ -274,68 +279,3 @@ def core_scan(db: OrdersTable, batch_size: int) -> int:
 # --------------------------------------------------------------------------------------------
 # The engine
 # --------------------------------------------------------------------------------------------
-
-
-def make_source(db: OrdersTable, horizon: Horizon) -> SqlSource:
-    """The source a user would write for this table."""
-    return SqlSource(
-        db.server.url,
-        table=db.name,
-        schema=db.server.schema,
-        cursor="updated_at",
-        pk="id",
-        horizon=horizon,
-    )
-
-
-def make_engine(
-    db: OrdersTable,
-    store: StateStore,
-    batch_size: int,
-    horizon: Horizon,
-    handler: Handler = sfx.noop_handler,
-) -> tuple[Engine, SqlSource]:
-    """A fresh source and engine, as a new Functions worker process would build them."""
-    source = make_source(db, horizon)
-    engine = Engine(
-        sfx.poller_config(batch_size), source, store, handler, SystemClock(), owner=sfx.OWNER
-    )
-    return engine, source
-
-
-def drained(report: RunReport, db: OrdersTable) -> int:
-    """The rows a draining run delivered; refuses a run that did not drain the table."""
-    if report.status != "caught_up" or report.rows != db.rows:
-        raise RuntimeError(
-            f"the engine run did not drain `{db.name}`: status={report.status} "
-            f"rows={report.rows} of {db.rows}"
-        )
-    return report.rows
-
-
-def engine_drain(
-    db: OrdersTable,
-    store: StateStore,
-    batch_size: int,
-    horizon: Horizon,
-    handler: Handler = sfx.noop_handler,
-) -> int:
-    """One ``Engine.run`` from an empty state store to the end of the table; the row count."""
-    engine, source = make_engine(db, store, batch_size, horizon, handler)
-    try:
-        return drained(engine.run({}), db)
-    finally:
-        source.close()
-
-
-def local_store(directory: Path) -> LocalStateStore:
-    """An empty local state store in ``directory`` (removed first)."""
-    shutil.rmtree(directory, ignore_errors=True)
-    return LocalStateStore(directory)
-
-
-def local_drain(
-    db: OrdersTable, state_dir: Path, batch_size: int, horizon: Horizon
-) -> Callable[[], int]:
-    """A drain with a fresh local state store, ready for :func:`benchmarks.harness.timed`."""
-    return lambda: engine_drain(db, local_store(state_dir), batch_size, horizon)

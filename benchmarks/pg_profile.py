@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from benchmarks import engine_runs as runs
 from benchmarks import pg_fixture as pg
 from benchmarks.harness import BenchmarkSkipped, Timing, best_of, timed
 
@@ -95,7 +96,9 @@ def staged_drain(
     db: pg.OrdersTable, state: Path, batch_size: int, horizon: pg.Horizon
 ) -> tuple[float, Counter[str], GcTimer]:
     """One drain with every step of :data:`STEPS` timed; (total seconds, per step, gc)."""
-    engine, source = pg.make_engine(db, pg.local_store(state), batch_size, horizon)
+    engine, source = runs.make_engine(
+        db, runs.fresh_local_store(state), batch_size, horizon=horizon
+    )
     totals: Counter[str] = Counter()
     for _, owner, name in STEPS:
         _wrap(source if owner == "source" else engine, name, totals)
@@ -103,7 +106,7 @@ def staged_drain(
     try:
         with collector.watching():
             started = time.perf_counter()
-            pg.drained(engine.run({}), db)
+            runs.drained(engine.run({}), db)
             seconds = time.perf_counter() - started
     finally:
         source.close()
@@ -136,9 +139,9 @@ def print_stages(seconds: float, totals: Counter[str], collector: GcTimer, rows:
 
 def profiled_drain(db: pg.OrdersTable, state: Path, batch_size: int, horizon: pg.Horizon) -> Any:
     profiler = cProfile.Profile()
-    store = pg.local_store(state)
+    store = runs.fresh_local_store(state)
     profiler.enable()
-    pg.engine_drain(db, store, batch_size, horizon)
+    runs.engine_drain(db, store, batch_size, horizon=horizon)
     profiler.disable()
     return pstats.Stats(profiler)
 
@@ -149,7 +152,7 @@ def gc_cost(
     """Best-of-``repeats`` drains as they are, and with everything alive frozen beforehand."""
     plain: list[tuple[int, float]] = []
     frozen: list[tuple[int, float]] = []
-    drain: Callable[[], int] = pg.local_drain(db, root / "gc", batch_size, horizon)
+    drain: Callable[[], int] = runs.local_drain(db, root / "gc", batch_size, horizon=horizon)
     for i in range(repeats):
         print(f"… gc cost: drains {i + 1}/{repeats}", file=sys.stderr)
         plain.append(timed(drain))
@@ -180,7 +183,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             db = pg.build_orders(server, args.rows)
             pg.raw_scan(db, args.batch_size)
             raw = best_of([timed(lambda: pg.raw_scan(db, args.batch_size)) for _ in range(3)])
-            pg.engine_drain(db, pg.local_store(root / "warmup"), args.batch_size, horizon)
+            runs.engine_drain(
+                db, runs.fresh_local_store(root / "warmup"), args.batch_size, horizon=horizon
+            )
             staged = staged_drain(db, root / "staged", args.batch_size, horizon)
             stats = profiled_drain(db, root / "profiled", args.batch_size, horizon)
             gc_timings = (

@@ -21,6 +21,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from benchmarks import engine_runs as runs
 from benchmarks import sqlite_fixture as fx
 from benchmarks.harness import Timing, best_of, timed
 
@@ -70,10 +71,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="afdb-profile-") as workdir:
         root = Path(workdir)
         db = fx.build_orders(root / "orders.db", args.rows)
-        fx.engine_drain(db, root / "warmup", args.batch_size)  # import and page-cache warm-up
+        warm_up = runs.fresh_local_store(root / "warmup")
+        runs.engine_drain(db, warm_up, args.batch_size)  # import and page-cache warm-up
         profiler = cProfile.Profile()
         profiler.enable()
-        fx.engine_drain(db, root / "state", args.batch_size)
+        runs.engine_drain(db, runs.fresh_local_store(root / "state"), args.batch_size)
         profiler.disable()
         if args.repeats > 0:
             event_ids = event_id_cost(db, root, args.batch_size, args.repeats)
@@ -98,10 +100,8 @@ def event_id_cost(
     reading: list[tuple[int, float]] = []
     for i in range(repeats):
         print(f"… event_id cost: drains {i + 1}/{repeats}", file=sys.stderr)
-        plain.append(timed(lambda: fx.engine_drain(db, root / "plain", batch_size)))
-        reading.append(
-            timed(lambda: fx.engine_drain(db, root / "ids", batch_size, fx.event_id_handler))
-        )
+        plain.append(timed(runs.local_drain(db, root / "plain", batch_size)))
+        reading.append(timed(runs.local_drain(db, root / "ids", batch_size, runs.event_id_handler)))
     return best_of(plain), best_of(reading)
 
 

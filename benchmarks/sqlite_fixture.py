@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime as dt
 import random
-import shutil
 import sqlite3
 import threading
 from collections import Counter
@@ -25,13 +24,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from azure_functions_db.core.batch import Batch
 from azure_functions_db.core.checkpoint import Checkpoint, PollerKey
-from azure_functions_db.core.clock import SystemClock
-from azure_functions_db.core.engine import Engine, Handler, PollerConfig, RunReport
 from azure_functions_db.core.ports import LeaseGrant, LeaseInfo, StateStore, StoredCheckpoint
 from azure_functions_db.sources.sqlalchemy import SqlSource
-from azure_functions_db.state.local import LocalStateStore
+from benchmarks import engine_runs as runs
 from benchmarks.harness import Context, Timing, best_of, timed
 
 T0 = dt.datetime(2026, 11, 1, 0, 0, 0)
@@ -70,6 +66,14 @@ class OrdersTable:
     @property
     def url(self) -> str:
         return f"sqlite:///{self.path}"
+
+    @property
+    def name(self) -> str:
+        return "orders"
+
+    def source(self, horizon: str | None = None) -> SqlSource:
+        """The source a user would write for this table."""
+        return SqlSource(self.url, table="orders", cursor="updated_at", pk="id", horizon=horizon)
 
 
 def _tie_sizes(rng: random.Random, rows: int) -> Iterator[int]:
@@ -193,56 +197,6 @@ def core_keyset_scan(engine: sa.Engine, table: sa.Table, batch_size: int) -> int
         engine.dispose()
 
 
-def noop_handler(batch: Batch) -> None:
-    """The handler of every benchmark: receive the batch, do nothing (no event id is computed)."""
-
-
-def event_id_handler(batch: Batch) -> None:
-    """Read every change's ``event_id``, as a deduplicating handler would (profile variant)."""
-    for change in batch:
-        change.event_id  # noqa: B018  # computed lazily, on first access
-
-
-def poller_config(batch_size: int) -> PollerConfig:
-    return PollerConfig(name=POLLER, batch_size=batch_size, time_budget=3600, lease_duration=60)
-
-
-def make_engine(
-    db: OrdersTable, store: StateStore, batch_size: int, handler: Handler = noop_handler
-) -> tuple[Engine, SqlSource]:
-    """A fresh source and engine, as a new Functions worker process would build them."""
-    source = SqlSource(db.url, table="orders", cursor="updated_at", pk="id")
-    engine = Engine(poller_config(batch_size), source, store, handler, SystemClock(), owner=OWNER)
-    return engine, source
-
-
-def fresh_state(directory: Path) -> LocalStateStore:
-    """An empty local state store in ``directory`` (removed first)."""
-    shutil.rmtree(directory, ignore_errors=True)
-    return LocalStateStore(directory)
-
-
-def drained(report: RunReport, db: OrdersTable) -> int:
-    """The rows a draining run delivered; refuses a run that did not drain the table."""
-    if report.status != "caught_up" or report.rows != db.rows:
-        raise RuntimeError(
-            f"the engine run did not drain `orders`: status={report.status} rows={report.rows} "
-            f"of {db.rows}"
-        )
-    return report.rows
-
-
-def engine_drain(
-    db: OrdersTable, state_dir: Path, batch_size: int, handler: Handler = noop_handler
-) -> int:
-    """One ``Engine.run`` from an empty state store to the end of the table; the row count."""
-    engine, source = make_engine(db, fresh_state(state_dir), batch_size, handler)
-    try:
-        return drained(engine.run({}), db)
-    finally:
-        source.close()
-
-
 @dataclass(frozen=True)
 class ScanTimings:
     """Best-of-N timings of the three scans of one table, measured interleaved."""
@@ -268,7 +222,7 @@ def scans(ctx: Context, rows: int) -> ScanTimings:
             ctx.progress(f"raw / Core / engine drains of {rows:,} rows ({i + 1}/{ctx.repeats})")
             raw.append(timed(lambda: raw_scan(db, ctx.batch_size)))
             core.append(timed(lambda: core_scan(db, ctx.batch_size)))
-            eng.append(timed(lambda: engine_drain(db, state_dir, ctx.batch_size)))
+            eng.append(timed(runs.local_drain(db, state_dir, ctx.batch_size)))
         return ScanTimings(db=db, raw=best_of(raw), core=best_of(core), engine=best_of(eng))
 
     return ctx.memo(f"sqlite.scans.{rows}", measure)

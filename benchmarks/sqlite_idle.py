@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 
 from azure_functions_db.core.engine import Engine
+from benchmarks import engine_runs as runs
 from benchmarks import sqlite_fixture as fx
 from benchmarks.harness import Benchmark, BenchmarkResult, Context, Scalar
 
@@ -38,7 +39,7 @@ def _kind(statement: str) -> str:
 def run(ctx: Context) -> BenchmarkResult:
     result = BenchmarkResult(name=BENCHMARK.name, title=BENCHMARK.title, tier=BENCHMARK.tier)
     db = fx.orders(ctx, ctx.rows)
-    store = fx.CountingStore(fx.fresh_state(ctx.workdir / "state_idle"))
+    store = fx.CountingStore(runs.fresh_local_store(ctx.workdir / "state_idle"))
     log = fx.StatementLog(db.path)
     columns = ("db", "schema", "health", "fetch", *fx.STORE_METHODS, "store total", "ms")
     rows: list[tuple[str, tuple[Scalar, ...]]] = []
@@ -82,13 +83,13 @@ def run(ctx: Context) -> BenchmarkResult:
 
     ctx.progress(f"idle-run counts on {db.rows:,} rows")
     with log.listening():
-        engine, source = fx.make_engine(db, store, ctx.batch_size)
+        engine, source = runs.make_engine(db, store, ctx.batch_size)
         try:
             measure("drain", "drain (first run)", "drain", engine, db.rows)
             measure("idle_steady", "idle, same process", "idle, warm", engine, 0)
         finally:
             source.close()
-        engine, source = fx.make_engine(db, store, ctx.batch_size)
+        engine, source = runs.make_engine(db, store, ctx.batch_size)
         try:
             measure("idle_first", "idle, first run in a process", "idle, new process", engine, 0)
             measure(

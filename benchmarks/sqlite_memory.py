@@ -10,21 +10,22 @@ from __future__ import annotations
 import gc
 import tracemalloc
 
+from benchmarks import engine_runs as runs
 from benchmarks import sqlite_fixture as fx
 from benchmarks.harness import Benchmark, BenchmarkResult, Context
 
 
 def peak_bytes(db: fx.OrdersTable, ctx: Context, batch_size: int, tag: str) -> int:
     """Peak traced bytes above the pre-run level during one draining run."""
-    engine, source = fx.make_engine(
-        db, fx.fresh_state(ctx.workdir / f"state_mem_{tag}"), batch_size
+    engine, source = runs.make_engine(
+        db, runs.fresh_local_store(ctx.workdir / f"state_mem_{tag}"), batch_size
     )
     gc.collect()
     tracemalloc.start()
     try:
         before, _ = tracemalloc.get_traced_memory()
         tracemalloc.reset_peak()
-        fx.drained(engine.run({}), db)
+        runs.drained(engine.run({}), db)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
