@@ -273,3 +273,20 @@ def spark() -> Iterator[object]:
     )
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def odbc_drivers() -> None:
+    """pyodbc with both test ODBC drivers installed (and the test-only PostgreSQL dialect
+    registered); skips (failing CI) with the fix otherwise."""
+    from devkit import odbc_dialects as odbc
+
+    missing = [
+        d for d in (odbc.PG_DRIVER, odbc.MARIADB_DRIVER) if d not in odbc.installed_drivers()
+    ]
+    if missing:
+        pytest.skip(
+            f"ODBC drivers {missing} are not installed: `apt-get install unixodbc "
+            "odbc-postgresql odbc-mariadb` (make test does) and `pip install -e '.[dev]'` (pyodbc)"
+        )
+    odbc.register()

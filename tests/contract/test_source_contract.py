@@ -231,20 +231,6 @@ def test_refused_through_mariadb_odbc(case: TypeCase, mysql_db: str, odbc_driver
         source.close()
 
 
-@pytest.fixture(scope="session")
-def odbc_drivers() -> None:
-    """pyodbc with both drivers installed; skips (failing CI) with the fix otherwise."""
-    missing = [
-        d for d in (odbc.PG_DRIVER, odbc.MARIADB_DRIVER) if d not in odbc.installed_drivers()
-    ]
-    if missing:
-        pytest.skip(
-            f"ODBC drivers {missing} are not installed: `apt-get install unixodbc "
-            "odbc-postgresql odbc-mariadb` (make test does) and `pip install -e '.[dev]'` (pyodbc)"
-        )
-    odbc.register()
-
-
 @pytest.mark.postgres
 @pytest.mark.odbc
 class TestPostgresOdbcSource(SqlSourceContract):

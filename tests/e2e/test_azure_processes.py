@@ -23,7 +23,6 @@ appends, where a process's clock is faked).
 
 from __future__ import annotations
 
-import ctypes
 import datetime as dt
 import itertools
 import json
@@ -44,7 +43,7 @@ from azure_functions_db.core.checkpoint import PollerKey
 from azure_functions_db.core.ports import StoredCheckpoint
 from azure_functions_db.state.blob import BlobStateStore
 from azure_functions_db.state.table import TableStateStore
-from devkit.azurite import Azurite
+from devkit.azurite import DIE_WITH_PARENT, Azurite
 from tests.support.sqlite_orders import Orders
 
 pytestmark = [pytest.mark.slow]
@@ -147,15 +146,6 @@ def make_poller(
     return poller
 
 
-_prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before any fork
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: get SIGKILL when the test process dies, however it dies."""
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 class Children:
     """Child processes of one test; every one is killed (thawed first) when the test ends, and
     by the kernel if the test process itself dies."""
@@ -172,7 +162,7 @@ class Children:
                 stdin=subprocess.DEVNULL,
                 stdout=sink,
                 stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl(), resolved before fork
+                preexec_fn=DIE_WITH_PARENT,  # noqa: PLW1509 - only prctl(), resolved before fork
             )
         self.procs.append(proc)
         self.outputs[proc.pid] = out

@@ -69,22 +69,6 @@ KEY = PollerKey("live", "odbc")
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def odbc_drivers() -> None:
-    """pyodbc with both drivers installed; skips (failing CI) with the fix otherwise."""
-    missing = [
-        name
-        for name in (odbc.PG_DRIVER, odbc.MARIADB_DRIVER)
-        if name not in odbc.installed_drivers()
-    ]
-    if missing:
-        pytest.skip(
-            f"ODBC drivers {missing} are not installed: `apt-get install unixodbc "
-            "odbc-postgresql odbc-mariadb` (.ci/run does) and `pip install -e '.[dev]'` (pyodbc)"
-        )
-    odbc.register()
-
-
 def as_odbc(native: Db, database: str | None = None) -> Db:
     """``native``'s namespace with the ODBC URL; ``engine`` stays native, for setting up."""
     if native.dialect == "postgres":

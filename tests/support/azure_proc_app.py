@@ -27,7 +27,6 @@ Environment:
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import threading
 import time
@@ -49,26 +48,12 @@ from requests.structures import CaseInsensitiveDict
 
 import azure_functions_db as afdb
 from azure_functions_db.core.batch import Batch
-from devkit.evidence import capture_engine_events
+from devkit.evidence import EvidenceLog, capture_engine_events
 
 ENV = os.environ
 EVENTS = Path(ENV["AZP_EVENTS"])
-_lock = threading.Lock()
-
-
-def emit(ev: str, **fields: Any) -> None:
-    """Append one event (one ``write`` on an ``O_APPEND`` file, then fsync)."""
-    line = json.dumps(
-        {"ev": ev, "pid": os.getpid(), "t": time.monotonic(), "wall": time.time(), **fields},
-        default=str,
-    )
-    with _lock:
-        fd = os.open(EVENTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, (line + "\n").encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+# One event per line (one ``write`` on an ``O_APPEND`` file, then fsync), shared with the soak.
+emit = EvidenceLog(EVENTS).write
 
 
 capture_engine_events(emit)
