@@ -318,3 +318,18 @@ class BacklogSource(Protocol):
         after ``cap`` keys), not by the backlog.
         """
         ...
+
+
+@runtime_checkable
+class ZonedSource(Protocol):
+    """A source whose date-time cursor values may be naive: the zone they hold wall-clock time in.
+
+    Optional, and never on the delivery path (the database orders and compares cursors). The
+    OpenTelemetry observer reads it to turn a naive cursor value into an age (``afdb.lag``);
+    a source without it is read as UTC.
+    """
+
+    @property
+    def cursor_timezone(self) -> dt.tzinfo:
+        """The zone of naive cursor values (UTC unless the source was configured otherwise)."""
+        ...

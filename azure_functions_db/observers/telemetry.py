@@ -25,7 +25,7 @@ from azure_functions_db.core.batch import Batch
 from azure_functions_db.core.clock import Clock, SystemClock
 from azure_functions_db.core.logs import log_event
 from azure_functions_db.core.observe import RunObserver, RunReport
-from azure_functions_db.core.ports import BacklogSource, Source
+from azure_functions_db.core.ports import BacklogSource, Source, ZonedSource
 from azure_functions_db.core.position import Position
 from azure_functions_db.errors import (
     CheckpointConflictError,
@@ -33,14 +33,13 @@ from azure_functions_db.errors import (
     LeaseLostError,
     PoisonBatchError,
 )
+from azure_functions_db.runtime.settings import AppSettings
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
 
 logger = logging.getLogger(__name__)
 
-#: App setting that turns the automatic metrics off (``false``, ``0``, ``no`` or ``off``).
-METRICS_SETTING = "AFDB_OTEL_METRICS"
 #: Name of the OpenTelemetry meter (the instrumentation scope) of every instrument.
 METER_NAME = "azure_functions_db"
 #: Most rows the ``afdb.lag.rows_behind`` count reads; a backlog this large reports the cap.
@@ -51,27 +50,13 @@ NAMESPACE = "afdb.namespace"
 STATUS = "afdb.status"
 ERROR_TYPE = "error.type"  # the OpenTelemetry semantic-convention attribute for failures
 
-_OFF = frozenset({"0", "false", "no", "off"})
-_ON = frozenset({"", "1", "true", "yes", "on"})
 # Seconds: a batch or run takes milliseconds to minutes (the default buckets suit milliseconds).
 _DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
 def metrics_enabled(settings: Mapping[str, str]) -> bool:
     """Whether ``AFDB_OTEL_METRICS`` in ``settings`` leaves the metrics on (the default)."""
-    value = settings.get(METRICS_SETTING, "").strip().lower()
-    if value in _OFF:
-        return False
-    if value not in _ON:
-        # A typo in a metrics switch must not stop delivery: say so, keep the default.
-        log_event(
-            logger,
-            logging.WARNING,
-            "metrics_setting_invalid",
-            setting=METRICS_SETTING,
-            note="use true or false; metrics stay on",
-        )
-    return True
+    return AppSettings.read(settings).otel_metrics
 
 
 def metrics_observer(
@@ -147,8 +132,7 @@ class OtelMetrics:
         self._source = source
         self._clock = clock or SystemClock()
         self._cap = rows_behind_cap
-        zone = getattr(source, "cursor_timezone", None)
-        self._zone = zone if isinstance(zone, dt.tzinfo) else dt.UTC
+        self._zone = source.cursor_timezone if isinstance(source, ZonedSource) else dt.UTC
         self._attributes: dict[tuple[str, str], dict[str, str]] = {}
 
         def count(name: str, unit: str, description: str) -> metrics.Counter:

@@ -13,7 +13,6 @@ import threading
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from croniter import croniter
 
@@ -24,12 +23,9 @@ from azure_functions_db.core.ports import Source, StateStore
 from azure_functions_db.core.settings import setting_value
 from azure_functions_db.errors import ConfigurationError
 from azure_functions_db.observers.telemetry import metrics_observer
+from azure_functions_db.runtime.settings import AppSettings
 
 logger = logging.getLogger(__name__)
-
-#: Environment variable naming the directory of the default local state store.
-STATE_DIR_SETTING = "AFDB_STATE_DIR"
-DEFAULT_STATE_DIR = ".afdb/state"
 
 
 def setting_name(value: str) -> str | None:
@@ -108,7 +104,7 @@ def default_state_store(settings: Mapping[str, str]) -> StateStore:
     else:
         from azure_functions_db.state.local import LocalStateStore
 
-        store = LocalStateStore(Path(settings.get(STATE_DIR_SETTING, DEFAULT_STATE_DIR)))
+        store = LocalStateStore(AppSettings.read(settings).state_dir)
     log_event(logger, logging.INFO, "state_store_default", store=store.describe())
     return store
 

@@ -23,7 +23,8 @@ from azure_functions_db.core.logs import log_event
 from azure_functions_db.core.ports import StateStore
 from azure_functions_db.core.position import KeyValue, Position
 from azure_functions_db.errors import BackfillError, ConfigurationError
-from azure_functions_db.runtime.poller import STATE_DIR_SETTING, PollerDefinition
+from azure_functions_db.runtime.poller import PollerDefinition
+from azure_functions_db.runtime.settings import STATE_DIR_SETTING
 from azure_functions_db.spark.chunk import ChunkResult
 from azure_functions_db.spark.plan import parse_bounds, prepare_run
 from azure_functions_db.spark.records import ChunkRange, RunRecord, check_run_id, chunk_key
