@@ -41,14 +41,19 @@ from azure_functions_db.errors import (
     PositionRegressionError,
     RecordExistsError,
     SettingNotFoundError,
+    SinkError,
+    SinkFencedError,
     SourceDefinitionError,
     SourceError,
     StateStoreError,
+    TransientSinkError,
     TransientSourceError,
     TransientStoreError,
 )
 from azure_functions_db.functions.blueprint import PollerBlueprint
 from azure_functions_db.functions.retry import FunctionsRetry
+from azure_functions_db.sinks.sql import SqlSink
+from azure_functions_db.sinks.writes import SqlWriter
 from azure_functions_db.sources.outbox import OutboxSource
 from azure_functions_db.sources.sqlalchemy import SqlSource
 from azure_functions_db.state.local import LocalStateStore
@@ -98,11 +103,16 @@ __all__ = [
     "RecordExistsError",
     "RunReport",
     "SettingNotFoundError",
+    "SinkError",
+    "SinkFencedError",
     "SourceDefinitionError",
     "SourceError",
+    "SqlSink",
     "SqlSource",
+    "SqlWriter",
     "StateStoreError",
     "TableStateStore",
+    "TransientSinkError",
     "TransientSourceError",
     "TransientStoreError",
 ]

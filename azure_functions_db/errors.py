@@ -316,6 +316,31 @@ class FenceBehindCheckpointError(LeaseLostError):
         )
 
 
+class SinkFencedError(LeaseLostError):
+    """A transactional sink refused this owner's write: its position record holds a newer
+    fence. Another owner claimed the poller; nothing of the batch was committed to the sink."""
+
+    def __init__(self, poller: str, namespace: str, fence: int, stored: int) -> None:
+        self.stored = stored
+        super().__init__(
+            poller,
+            namespace,
+            fence,
+            f"the sink's position record holds fence {stored}, a newer owner's; the sink "
+            "transaction was rolled back",
+        )
+
+
+class SinkError(AfdbError):
+    """Writing to a sink, or reading its position record, failed (connection, permission,
+    constraint). The batch's sink transaction was rolled back and the batch is not
+    acknowledged; the message names the sink and the cause."""
+
+
+class TransientSinkError(SinkError):
+    """A sink failure a retry may fix (a dropped connection, a timeout, a lock wait)."""
+
+
 class LeaseHeldError(AfdbError):
     """Another owner holds the poller's lease. Operator commands (seek) need it free.
 

@@ -12,7 +12,7 @@ import inspect
 import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from azure_functions_db.core.batch import Batch, Change
 from azure_functions_db.core.checkpoint import Checkpoint, SourceDescription
@@ -29,9 +29,11 @@ from azure_functions_db.core.ports import (
     ChangeSource,
     Horizon,
     LeaseGrant,
+    SinkMark,
     Source,
     SourceRow,
     StateStore,
+    TransactionalSink,
 )
 from azure_functions_db.core.position import Position
 from azure_functions_db.core.retry import Retrying
@@ -46,13 +48,19 @@ from azure_functions_db.errors import (
     PoisonBatchError,
     PositionNotForwardError,
     PositionRegressionError,
+    SinkFencedError,
     SourceDefinitionError,
     TransientStoreError,
 )
 
 logger = logging.getLogger(__name__)
 
-Handler = Callable[[Batch], None] | Callable[[Batch], Awaitable[None]]
+Handler = (
+    Callable[[Batch], None]
+    | Callable[[Batch], Awaitable[None]]
+    | Callable[[Batch, Any], None]
+    | Callable[[Batch, Any], Awaitable[None]]
+)
 _UNBOUNDED = Horizon(bound=None, method="none")
 T = TypeVar("T")
 
@@ -77,12 +85,14 @@ class Engine:
         heartbeat_interval: float | None = None,
         rng: random.Random | None = None,
         observer: RunObserver | None = None,
+        sink: TransactionalSink | None = None,
     ) -> None:
-        check_handler(handler, config.name)
+        check_handler(handler, config.name, sink=sink is not None)
         self.config = config
         self.source = source
         self.store = store
         self.handler = handler
+        self.sink = sink
         self.clock = clock
         self.owner = owner
         self._heartbeat_interval = heartbeat_interval
@@ -128,6 +138,8 @@ class Engine:
     def _run(self, settings: Mapping[str, str], report: RunReport) -> None:
         cfg = self.config
         self._retrying(self.source.open, settings)
+        if self.sink is not None:
+            self._retrying(self.sink.open, settings)
         started = self.clock.monotonic()
         claimer = Claimer(
             self.store,
@@ -155,6 +167,7 @@ class Engine:
                 self._log(logging.INFO, "lease_held", holder=info.holder, lease_fence=info.fence)
                 return
             self._health_check(report)
+            self._catch_up_with_sink(claim)
             self._loop(claim, started, report)
         self._log(
             logging.INFO,
@@ -297,11 +310,9 @@ class Engine:
             logging.DEBUG, "batch_start", fence=batch.fence, rows=len(batch), attempt=batch.attempt
         )
         try:
-            result = self.handler(batch)
-            if inspect.isawaitable(result):
-                check_result(HANDLER_LOOP.run(result), self.handler, awaited=True)
-            else:
-                check_result(result, self.handler, awaited=False)
+            self._invoke(batch, claim)
+        except SinkFencedError:
+            raise  # another owner claimed the poller: its attempt, not a failure of this batch
         except BaseException as exc:
             # Any way out of the handler but a normal return is a failed attempt, counted and
             # logged: CancelledError too, and a Ctrl-C or sys.exit() before it ends the process.
@@ -339,6 +350,86 @@ class Engine:
                     cfg.key.poller, cfg.namespace, failed.attempts, len(batch)
                 ) from exc
             raise HandlerError(cfg.key.poller, cfg.namespace, failed.attempts, len(batch)) from exc
+
+    def _invoke(self, batch: Batch, claim: Claim) -> None:
+        """Call the handler; with a sink, inside the sink transaction that also stores the
+        batch's mark (committed when the handler returned, rolled back when it raised)."""
+        if self.sink is None:
+            self._call(batch)
+            return
+        sequence = claim.checkpoint.stats.batches + 1
+        with self.sink.transaction(self.config.key, batch, sequence) as writer:
+            if writer is None:
+                self._log(
+                    logging.WARNING,
+                    "batch_already_in_sink",
+                    fence=batch.fence,
+                    rows=len(batch),
+                    sequence=sequence,
+                    note="the sink committed this batch before; only the checkpoint moves",
+                )
+                return
+            self._call(batch, writer)
+
+    def _call(self, batch: Batch, *sink: Any) -> None:
+        result = self.handler(batch, *sink)
+        if inspect.isawaitable(result):
+            check_result(HANDLER_LOOP.run(result), self.handler, awaited=True)
+        else:
+            check_result(result, self.handler, awaited=False)
+
+    def _catch_up_with_sink(self, claim: Claim) -> None:
+        """Fence the sink, then take the later of its position and the checkpoint's.
+
+        A mark exactly one batch ahead of the checkpoint (its sequence is the next one, and its
+        batch was read after the checkpoint's position) is a batch whose sink commit landed and
+        whose checkpoint commit did not: the checkpoint moves to its end, so the batch is
+        neither lost nor written again. Position equality here compares two copies of one
+        position the database returned, never an order.
+        """
+        if self.sink is None:
+            return
+        cfg, cp = self.config, claim.checkpoint
+        mark: SinkMark | None = self._retrying(self.sink.claim, cfg.key, claim.fence)
+        if mark is None or mark.after is None or mark.sequence <= cp.stats.batches:
+            return
+        if mark.sequence == cp.stats.batches + 1 and mark.before == cp.position:
+            try:
+                new = cp.advanced(
+                    mark.after,
+                    fence=claim.fence,
+                    at=self.clock.now(),
+                    rows=mark.rows,
+                    source=self.source.description,
+                    read_after=mark.before,
+                )
+            except PositionNotForwardError as exc:
+                raise PositionRegressionError(
+                    cfg.key.poller, str(exc.stored), str(exc.proposed), cfg.namespace
+                ) from exc
+            claim.write(new)
+            self._log(
+                logging.WARNING,
+                "checkpoint_caught_up_with_sink",
+                fence=claim.fence,
+                rows=mark.rows,
+                sequence=mark.sequence,
+                position=mark.after,
+                note="the sink had committed this batch; the checkpoint commit had not landed",
+            )
+            return
+        # The sink is further ahead than one batch (or its batch started elsewhere): the
+        # checkpoint was reset, moved by `afdb seek`, or belongs to another state store.
+        self._log(
+            logging.WARNING,
+            "sink_ahead_of_checkpoint",
+            fence=claim.fence,
+            sink_sequence=mark.sequence,
+            checkpoint_sequence=cp.stats.batches,
+            sink_position=mark.after,
+            position=cp.position,
+            note="batches after the checkpoint are written to the sink again",
+        )
 
     def _commit(self, batch: Batch, claim: Claim) -> None:
         cfg = self.config

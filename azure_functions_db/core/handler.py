@@ -23,6 +23,7 @@ from azure_functions_db.errors import ConfigurationError, HandlerContractError
 T = TypeVar("T")
 
 _SHAPE = "`def {name}(batch): ...` or `async def {name}(batch): ...`"
+_SINK_SHAPE = "`def {name}(batch, sink): ...` or `async def {name}(batch, sink): ...`"
 
 
 def handler_name(handler: object) -> str:
@@ -44,8 +45,9 @@ def _is_generator_function(handler: Callable[..., Any]) -> str | None:
     return None
 
 
-def check_handler(handler: object, poller: str) -> None:
-    """Raise :class:`ConfigurationError` unless ``handler`` can be called as ``handler(batch)``.
+def check_handler(handler: object, poller: str, *, sink: bool = False) -> None:
+    """Raise :class:`ConfigurationError` unless ``handler`` can be called as ``handler(batch)``
+    (``handler(batch, sink)`` for a poller with a sink).
 
     Refuses a non-callable, a generator or async generator function (calling it only creates a
     generator: the body would never run and the batch would look handled), and a callable whose
@@ -73,12 +75,17 @@ def check_handler(handler: object, poller: str) -> None:
     except (TypeError, ValueError):
         return
     try:
-        signature.bind(object())
+        signature.bind(*((object(), object()) if sink else (object(),)))
     except TypeError:
+        what = (
+            "two positional arguments, the batch and the sink"
+            if sink
+            else ("one positional argument, the batch")
+        )
+        shape = _SINK_SHAPE if sink else _SHAPE
         raise ConfigurationError(
-            f"Handler `{name}{signature}` of poller `{poller}` cannot be called with one "
-            "positional argument, the batch: write " + _SHAPE.format(name=name) + " (further "
-            "parameters need defaults)."
+            f"Handler `{name}{signature}` of poller `{poller}` cannot be called with {what}: "
+            "write " + shape.format(name=name) + " (further parameters need defaults)."
         ) from None
 
 

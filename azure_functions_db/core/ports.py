@@ -8,16 +8,19 @@ unchanged; an adapter that behaves differently from the contract is a bug, fakes
 - :class:`CheckpointStore`: one versioned record per poller, written only by compare-and-set.
 - :class:`LeaseManager`: one exclusive, expiring lease per poller with a fencing counter.
 - :class:`StateStore`: both of the above, in one place (Blob, Table, local file, memory).
+- :class:`TransactionalSink`: a target that commits a batch's writes and the poller's position
+  in one transaction, and refuses writers of an older fence.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from azure_functions_db.core.batch import Change
+from azure_functions_db.core.batch import Batch, Change
 from azure_functions_db.core.checkpoint import Checkpoint, PollerKey, SourceDescription
 from azure_functions_db.core.position import KeyValue, Position
 
@@ -332,4 +335,79 @@ class ZonedSource(Protocol):
     @property
     def cursor_timezone(self) -> dt.tzinfo:
         """The zone of naive cursor values (UTC unless the source was configured otherwise)."""
+        ...
+
+
+# --------------------------------------------------------------------------------------------
+# Sinks: targets that commit the position with the batch's writes
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SinkMark:
+    """The position record a transactional sink keeps for one poller (its ``PollerKey``).
+
+    Written in the same transaction as a batch's writes, so it says exactly which batch the
+    sink holds: ``sequence`` is the checkpoint's batch count once that batch is committed
+    (``stats.batches + 1`` when it was read), ``before``/``after`` the positions it was read
+    after and ends on, ``rows`` its size. A record that was only fenced has ``after=None``.
+    """
+
+    fence: int
+    sequence: int
+    before: Position | None
+    after: Position | None
+    rows: int = 0
+
+
+@runtime_checkable
+class TransactionalSink(Protocol):
+    """A target whose writes commit together with the poller's position, or not at all.
+
+    The guarantees every adapter honours (``docs/guarantees.md``, proved by
+    :class:`~azure_functions_db.testing.sink_contract.SinkContract`):
+
+    1. isolation: a batch's writes and its :class:`SinkMark` commit in one transaction;
+    2. idempotent commit: a batch whose mark is stored already is not written again;
+    3. stale rejection: once :meth:`claim` stored a fence, a transaction of a lower fence
+       commits nothing and raises :class:`~azure_functions_db.errors.SinkFencedError`.
+
+    The engine calls :meth:`claim` after it fenced the checkpoint and advances the checkpoint
+    to a mark that is one batch ahead of it (a crash between the sink's commit and the
+    checkpoint's), so a batch is neither lost nor written twice.
+    """
+
+    def open(self, settings: Mapping[str, str]) -> None:
+        """Resolve settings and connect (idempotent, and the only method that may be slow the
+        first time). Never called at import or decoration."""
+        ...
+
+    def describe(self) -> str:
+        """Where the sink writes, for logs and ``status`` (no secrets)."""
+        ...
+
+    def claim(self, key: PollerKey, fence: int) -> SinkMark | None:
+        """Store ``fence`` in ``key``'s record (creating it) and return what the record held.
+
+        From this call's commit on, a :meth:`transaction` of a lower fence commits nothing. A
+        record that already holds a higher fence raises ``SinkFencedError``; an equal one is
+        kept. ``None``: the sink held no record for ``key``.
+        """
+        ...
+
+    def transaction(
+        self, key: PollerKey, batch: Batch, sequence: int
+    ) -> AbstractContextManager[Any | None]:
+        """One transaction for ``batch``: yields the writer the handler writes through.
+
+        Yields ``None`` (and writes nothing) when ``key``'s record is this batch's mark
+        already (same sequence, same ``before`` and ``after``). On a normal exit it checks the
+        record's fence (a higher one than ``batch.fence``: ``SinkFencedError``, nothing
+        committed), writes ``SinkMark(batch.fence, sequence, batch.position_before,
+        batch.position_after, len(batch))`` and commits; on an exception it rolls back.
+        """
+        ...
+
+    def mark(self, key: PollerKey) -> SinkMark | None:
+        """What ``key``'s record holds now (read-only: ``status``, tests); ``None`` if none."""
         ...

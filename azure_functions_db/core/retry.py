@@ -8,13 +8,18 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from azure_functions_db.core.clock import Clock
-from azure_functions_db.errors import TransientSourceError, TransientStoreError
+from azure_functions_db.errors import (
+    TransientSinkError,
+    TransientSourceError,
+    TransientStoreError,
+)
 
 T = TypeVar("T")
 
 
 class Retrying:
-    """Calls an operation, retrying :class:`TransientSourceError`/:class:`TransientStoreError`
+    """Calls an operation, retrying the transient errors of sources, stores and sinks
+    (:class:`TransientSourceError`, :class:`TransientStoreError`, :class:`TransientSinkError`)
     up to ``retries`` times, ``delay * 2**n`` seconds apart plus up to ``delay`` of jitter.
 
     Each retry is logged through ``log(level, action, **fields)`` as ``transient_error_retry``;
@@ -40,7 +45,7 @@ class Retrying:
         for attempt in range(self.retries + 1):
             try:
                 return call(*args)
-            except (TransientSourceError, TransientStoreError) as exc:
+            except (TransientSourceError, TransientStoreError, TransientSinkError) as exc:
                 if attempt >= self.retries:
                     raise
                 delay = self.delay * 2**attempt + self.rng.uniform(0, self.delay)

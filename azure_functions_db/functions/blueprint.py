@@ -16,7 +16,7 @@ import azure.functions as func
 from azure_functions_db.core.engine import Handler, PollerConfig
 from azure_functions_db.core.handler import check_handler
 from azure_functions_db.core.logs import log_event
-from azure_functions_db.core.ports import Source, StateStore
+from azure_functions_db.core.ports import Source, StateStore, TransactionalSink
 from azure_functions_db.errors import (
     ConfigurationError,
 )
@@ -55,6 +55,7 @@ class PollerBlueprint(func.Blueprint):
         source: Source,
         batch_size: int = 1000,
         state: StateStore | None = None,
+        sink: TransactionalSink | None = None,
         namespace: str = "live",
         time_budget: float = 240.0,
         lease_duration: float = 30.0,
@@ -80,6 +81,10 @@ class PollerBlueprint(func.Blueprint):
             state: Where checkpoints and leases live. Default: a local file store
                 (``$AFDB_STATE_DIR`` or ``./.afdb/state``) for ``afdb run``; on Azure pass a
                 shared store.
+            sink: A transactional sink, e.g. ``afdb.SqlSink(url="%TARGET_DB_URL%")``: the
+                handler takes a second argument, the sink's writer, and what it writes
+                commits together with the batch's position (effectively-once; see
+                ``docs/sinks.md``).
             namespace: Checkpoint namespace (``live`` for polling).
             time_budget: Seconds after which a run starts no new batch; keep it well below the
                 host's ``functionTimeout``.
@@ -137,14 +142,21 @@ class PollerBlueprint(func.Blueprint):
                 'pk="id")`.'
             )
 
+        if sink is not None and not isinstance(sink, TransactionalSink):
+            raise ConfigurationError(
+                f"`sink={sink!r}` is not a transactional sink; pass e.g. "
+                '`afdb.SqlSink(url="%TARGET_DB_URL%")`, or leave it unset.'
+            )
+
         def decorate(handler: H) -> H:
-            check_handler(handler, name)
+            check_handler(handler, name, sink=sink is not None)
             definition = PollerDefinition(
                 config=config,
                 schedule=schedule,
                 source=source,
                 handler=handler,
                 state=state,
+                sink=sink,
                 run_on_startup=run_on_startup,
                 use_monitor=use_monitor,
             )

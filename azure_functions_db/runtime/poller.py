@@ -19,7 +19,7 @@ from croniter import croniter
 from azure_functions_db.core.clock import Clock, SystemClock
 from azure_functions_db.core.engine import Engine, Handler, PollerConfig, RunReport
 from azure_functions_db.core.logs import log_event
-from azure_functions_db.core.ports import Source, StateStore
+from azure_functions_db.core.ports import Source, StateStore, TransactionalSink
 from azure_functions_db.core.settings import setting_value
 from azure_functions_db.errors import ConfigurationError
 from azure_functions_db.observers.telemetry import metrics_observer
@@ -118,6 +118,7 @@ class PollerDefinition:
     source: Source
     handler: Handler
     state: StateStore | None = None
+    sink: TransactionalSink | None = None
     run_on_startup: bool = False
     use_monitor: bool | None = None
     clock: Clock = field(default_factory=SystemClock)
@@ -152,6 +153,7 @@ class PollerDefinition:
                     self.clock,
                     owner=default_owner(),
                     observer=metrics_observer(self.source, env, clock=self.clock),
+                    sink=self.sink,
                 )
             return self._engine
 

@@ -8,7 +8,7 @@ that zone. If the two disagree, the horizon lies hours away from the rows it mus
 late commit below the checkpoint is lost, so the source refuses to open and says which zone to
 set.
 
-The poller's own sessions are pinned to UTC (``_engine.utc_sessions``); the default zone is read
+The poller's own sessions are pinned to UTC (``engines.utc_sessions``); the default zone is read
 as the value a new session starts with (PostgreSQL ``reset_val``, MySQL ``@@global.time_zone``).
 """
 

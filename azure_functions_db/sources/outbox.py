@@ -23,7 +23,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from azure_functions_db.core.ports import SourceRow
 from azure_functions_db.core.position import KeyValue, Position
 from azure_functions_db.errors import ConfigurationError
-from azure_functions_db.sources import _engine as engines
+from azure_functions_db.sources import engines
 from azure_functions_db.sources.keyset import KeysetQuery, after_predicate
 from azure_functions_db.sources.sqlalchemy import SqlSource
 

@@ -39,11 +39,10 @@ from azure_functions_db.errors import (
 )
 from azure_functions_db.sources import _collations as collations
 from azure_functions_db.sources import _config as config
-from azure_functions_db.sources import _engine as engines
 from azure_functions_db.sources import _lag as backlog
 from azure_functions_db.sources import _sqlite_times as sqlite_times
 from azure_functions_db.sources import _zones as zones
-from azure_functions_db.sources import health
+from azure_functions_db.sources import engines, health, urls
 from azure_functions_db.sources._errors import translate
 from azure_functions_db.sources._horizon import (
     AutoHorizon,
@@ -173,7 +172,7 @@ class SqlSource:
         self._text_times: list[sqlite_times.TextDateTime] = []
         self._engine: sa.Engine | None = None
         self._query: KeysetQuery | None = None
-        self._masked_url = config.masked_url(url)
+        self._masked_url = urls.masked_url(url)
         self._secrets: tuple[str, ...] = ()
         self._shape = RowShape((), cursor_of=picker([]), pk_of=picker([]))
         self._description: SourceDescription | None = None
@@ -224,14 +223,10 @@ class SqlSource:
         """Resolve ``%NAME%`` placeholders, create the engine, reflect the table. Idempotent."""
         if self._query is not None:
             return
-        url = config.parse_url(
-            config.resolve_settings(
-                self._url_template, settings, f"the source of table `{self._qualified}`"
-            ),
-            self._qualified,
-        )
-        self._masked_url = config.render_masked(url)
-        self._secrets = config.url_secrets(url)
+        owner = f"the source of table `{self._qualified}`"
+        url = urls.parse_url(urls.resolve_settings(self._url_template, settings, owner), owner)
+        self._masked_url = urls.render_masked(url)
+        self._secrets = urls.url_secrets(url)
         engine = self._create_engine(url)
         try:
             with self._db_errors("reflect"), engine.connect() as conn:

@@ -29,7 +29,7 @@ import yaml
 from pycep import BicepParser
 
 from azure_functions_db.errors import ConfigurationError
-from azure_functions_db.sources._config import PLACEHOLDER
+from azure_functions_db.sources.urls import PLACEHOLDER
 from azure_functions_db.state._azure import DEFAULT_CONNECTION, resolve_storage
 from azure_functions_db.state.blob import BlobStateStore
 

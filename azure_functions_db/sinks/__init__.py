@@ -1,0 +1,8 @@
+"""Sinks: targets whose writes commit together with the poller's position.
+
+- :class:`~azure_functions_db.sinks.sql.SqlSink`: effectively-once into PostgreSQL,
+  MariaDB/MySQL (InnoDB), SQLite and SQL Server.
+- :class:`~azure_functions_db.sinks.memory.MemorySink`: the in-memory fake, for tests.
+
+Per-sink guarantees, mechanisms and proofs: ``docs/guarantees.md``.
+"""

@@ -1,0 +1,341 @@
+"""``SqlSink``: a handler's writes and the poller's position commit in one database transaction.
+
+The position record lives in a small table in the target database (``afdb_positions`` unless
+configured), one row per poller and namespace, created on first use::
+
+    namespace, poller       the poller's key (a backfill chunk has its own record)
+    fence                   the newest owner's fence: a transaction of a lower one commits nothing
+    sequence                the checkpoint's batch count once the stored batch is committed
+    position_before/_after  where the stored batch was read after, and where it ends (typed JSON)
+    rows, updated_at        its size, and when it was written (UTC, ISO 8601)
+
+Every transaction first locks that row (``SELECT ... FOR UPDATE``; SQLite: ``BEGIN IMMEDIATE``),
+so a claim and a batch of two owners never interleave. See :class:`~azure_functions_db.core.
+ports.TransactionalSink` for the contract and ``docs/sinks.md`` for use.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+
+from azure_functions_db.core.batch import Batch
+from azure_functions_db.core.checkpoint import PollerKey
+from azure_functions_db.core.logs import log_event
+from azure_functions_db.core.ports import SinkMark
+from azure_functions_db.core.position import Position
+from azure_functions_db.errors import (
+    ConfigurationError,
+    SinkError,
+    SinkFencedError,
+    TransientSinkError,
+)
+from azure_functions_db.sinks import options
+from azure_functions_db.sinks.writes import SqlWriter, check_transactional
+from azure_functions_db.sources import engines, urls
+
+logger = logging.getLogger(__name__)
+
+
+class SqlSink:
+    """Effectively-once writes into a SQL database: the batch and its position, one commit.
+
+    Hand it to ``@db.poller(..., sink=afdb.SqlSink(url="%TARGET_DB_URL%"))``; the handler then
+    takes a second argument, a :class:`~azure_functions_db.sinks.writes.SqlWriter`, whose
+    ``insert``/``upsert``/``delete``/``apply``/``execute`` run in the batch's transaction.
+
+    Args:
+        url: SQLAlchemy URL of the target database; ``%SETTING%`` reads (part of) it from an
+            app setting when the sink opens, at the first run (never at import).
+        position_table: Name of the position table (created on first use).
+        schema: Schema of the position table, and of the tables the writer names without one
+            (default: the connection's).
+        engine_options: Extra ``sqlalchemy.create_engine`` arguments.
+        connect_timeout: Seconds to wait for a connection.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        position_table: str = "afdb_positions",
+        schema: str | None = None,
+        engine_options: Mapping[str, Any] | None = None,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        if not isinstance(url, str):
+            raise ConfigurationError(
+                f"SqlSink: `url` must be a SQLAlchemy URL string, not `{type(url).__name__}`."
+            )
+        self.options = options.build(
+            options.SqlSinkOptions,
+            url=url,
+            position_table=position_table,
+            schema=schema,
+            engine_options=engine_options,
+            connect_timeout=connect_timeout,
+        )
+        self._masked = urls.masked_url(url)
+        self._secrets: tuple[str, ...] = ()
+        self._engine: sa.Engine | None = None
+        self._positions: sa.Table | None = None
+        self._tables: dict[str, sa.Table] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"SqlSink(url={self._masked!r}, position_table={self.options.position_table!r})"
+
+    def describe(self) -> str:
+        return f"SqlSink {self._masked} (positions in `{self._positions_name()}`)"
+
+    # -- the TransactionalSink port ----------------------------------------------------------
+
+    def open(self, settings: Mapping[str, str]) -> None:
+        """Resolve the URL, create the engine and the position table. Idempotent."""
+        with self._lock:
+            if self._engine is not None:
+                return
+            owner = "the SqlSink"
+            url = urls.parse_url(urls.resolve_settings(self.options.url, settings, owner), owner)
+            self._masked, self._secrets = urls.render_masked(url), urls.url_secrets(url)
+            engine = engines.create(
+                url,
+                self.options.engine_options,
+                self._masked,
+                self._scrub,
+                connect_timeout=self.options.connect_timeout,
+            )
+            positions = _position_table(self.options.position_table, self.options.db_schema)
+            with self._errors("create the position table"):
+                self._create(engine, positions)
+            self._engine, self._positions = engine, positions
+            log_event(logger, logging.INFO, "sink_opened", sink=self.describe())
+
+    def claim(self, key: PollerKey, fence: int) -> SinkMark | None:
+        """Store ``fence`` in ``key``'s record and return what the record held before."""
+        positions = self._ready()
+        for attempt in range(2):
+            try:
+                with self._errors("claim the position record"), self._transaction() as conn:
+                    row = self._locked(conn, key)
+                    if row is None:
+                        conn.execute(sa.insert(positions).values(**_fresh(key, fence)))
+                        return None
+                    mark = _mark(row)
+                    if mark.fence > fence:
+                        raise SinkFencedError(key.poller, key.namespace, fence, mark.fence)
+                    if mark.fence < fence:
+                        conn.execute(
+                            sa.update(positions).where(_is(positions, key)).values(fence=fence)
+                        )
+                    return mark
+            except SinkError as exc:
+                # Two owners created the record at once: the loser reads the winner's row.
+                if attempt or not isinstance(exc.__cause__, sa_exc.IntegrityError):
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @contextmanager
+    def transaction(
+        self, key: PollerKey, batch: Batch, sequence: int
+    ) -> Iterator[SqlWriter | None]:
+        """The batch's transaction: yields the writer, or ``None`` if the batch is stored."""
+        positions = self._ready()
+        with self._errors("write the batch"), self._transaction() as conn:
+            row = self._locked(conn, key)
+            mark = _mark(row) if row is not None else None
+            if mark is not None and mark.fence > batch.fence:
+                raise SinkFencedError(key.poller, key.namespace, batch.fence, mark.fence)
+            if (
+                mark is not None
+                and mark.sequence == sequence
+                and mark.before == batch.position_before
+                and mark.after == batch.position_after
+            ):
+                yield None
+                return
+            yield SqlWriter(conn, self._table)
+            values = {
+                "fence": batch.fence,
+                "sequence": sequence,
+                "position_before": _encode(batch.position_before),
+                "position_after": _encode(batch.position_after),
+                "rows": len(batch),
+                "updated_at": _now(),
+            }
+            if row is None:
+                conn.execute(sa.insert(positions).values(**_fresh(key, batch.fence), **values))
+            else:
+                conn.execute(sa.update(positions).where(_is(positions, key)).values(**values))
+
+    def mark(self, key: PollerKey) -> SinkMark | None:
+        """What ``key``'s record holds now (for ``status`` and tests); ``None`` if none."""
+        with self._errors("read the position record"), self._ready_engine().connect() as conn:
+            row = conn.execute(sa.select(self._ready()).where(_is(self._ready(), key))).first()
+        return _mark(row) if row is not None else None
+
+    def close(self) -> None:
+        """Dispose of the engine's connections (the sink opens again on next use)."""
+        with self._lock:
+            engine, self._engine, self._positions = self._engine, None, None
+            self._tables.clear()
+        if engine is not None:
+            engine.dispose()
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _positions_name(self) -> str:
+        schema = self.options.db_schema
+        return f"{schema}.{self.options.position_table}" if schema else self.options.position_table
+
+    def _ready(self) -> sa.Table:
+        if self._positions is None:
+            raise SinkError(f"{self!r} is not open: the engine opens it before the first run.")
+        return self._positions
+
+    def _ready_engine(self) -> sa.Engine:
+        if self._engine is None:
+            raise SinkError(f"{self!r} is not open: the engine opens it before the first run.")
+        return self._engine
+
+    def _create(self, engine: sa.Engine, positions: sa.Table) -> None:
+        with engines.transaction(engine) as conn:
+            try:
+                positions.create(conn, checkfirst=True)
+            except sa_exc.DBAPIError:
+                # Another process created it between the check and the CREATE.
+                if not sa.inspect(conn).has_table(positions.name, schema=positions.schema):
+                    raise
+            check_transactional(conn, positions.name, positions.schema)
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sa.Connection]:
+        engine = self._ready_engine()
+        if engine.dialect.name != "sqlite":
+            with engines.transaction(engine) as conn:
+                yield conn
+            return
+        # pysqlite runs our connections in autocommit (isolation_level None): take the write
+        # lock at BEGIN, so a claim and a batch cannot both read the record before writing.
+        with engine.connect() as conn:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.exec_driver_sql("ROLLBACK")
+                raise
+            conn.exec_driver_sql("COMMIT")
+
+    def _locked(self, conn: sa.Connection, key: PollerKey) -> sa.Row[Any] | None:
+        positions = self._ready()
+        query = sa.select(positions).where(_is(positions, key))
+        if conn.dialect.name != "sqlite":
+            query = query.with_for_update()
+        return conn.execute(query).first()
+
+    def _table(self, conn: sa.Connection, name: str) -> sa.Table:
+        with self._lock:
+            table = self._tables.get(name)
+        if table is not None:
+            return table
+        schema, _, bare = name.rpartition(".")
+        schema = schema or self.options.db_schema or ""
+        try:
+            table = sa.Table(bare, sa.MetaData(), autoload_with=conn, schema=schema or None)
+        except sa_exc.NoSuchTableError:
+            raise ConfigurationError(
+                f"The sink's database has no table `{name}` ({self._masked}): create it, or fix "
+                "the name passed to the writer."
+            ) from None
+        check_transactional(conn, bare, schema or None)
+        with self._lock:
+            self._tables[name] = table
+        return table
+
+    def _scrub(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    @contextmanager
+    def _errors(self, action: str) -> Iterator[None]:
+        try:
+            yield
+        except sa_exc.SQLAlchemyError as exc:
+            cause: BaseException = getattr(exc, "orig", None) or exc
+            detail = self._scrub(str(cause).strip().splitlines()[0] if str(cause).strip() else "")
+            transient = isinstance(
+                exc, sa_exc.OperationalError | sa_exc.DisconnectionError | sa_exc.TimeoutError
+            ) or (isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated)
+            kind = TransientSinkError if transient else SinkError
+            raise kind(
+                f"SqlSink could not {action} at `{self._masked}` ({type(cause).__name__}): "
+                f"{detail[:500]}"
+            ) from exc
+
+
+def _position_table(name: str, schema: str | None) -> sa.Table:
+    return sa.Table(
+        name,
+        sa.MetaData(),
+        sa.Column("namespace", sa.String(63), primary_key=True),
+        sa.Column("poller", sa.String(255), primary_key=True),
+        sa.Column("fence", sa.BigInteger, nullable=False),
+        sa.Column("sequence", sa.BigInteger, nullable=False),
+        sa.Column("position_before", sa.Text, nullable=True),
+        sa.Column("position_after", sa.Text, nullable=True),
+        sa.Column("rows", sa.BigInteger, nullable=False),
+        sa.Column("updated_at", sa.String(40), nullable=False),
+        schema=schema,
+        mysql_engine="InnoDB",
+    )
+
+
+def _is(positions: sa.Table, key: PollerKey) -> sa.ColumnElement[bool]:
+    return sa.and_(positions.c.namespace == key.namespace, positions.c.poller == key.poller)
+
+
+def _fresh(key: PollerKey, fence: int) -> dict[str, Any]:
+    return {
+        "namespace": key.namespace,
+        "poller": key.poller,
+        "fence": fence,
+        "sequence": 0,
+        "position_before": None,
+        "position_after": None,
+        "rows": 0,
+        "updated_at": _now(),
+    }
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat()
+
+
+def _encode(position: Position | None) -> str | None:
+    if position is None:
+        return None
+    return json.dumps(position.to_json(), sort_keys=True, separators=(",", ":"))
+
+
+def _decode(text: str | None) -> Position | None:
+    return None if text is None else Position.from_json(json.loads(text))
+
+
+def _mark(row: sa.Row[Any]) -> SinkMark:
+    data = row._mapping
+    return SinkMark(
+        fence=int(data["fence"]),
+        sequence=int(data["sequence"]),
+        before=_decode(data["position_before"]),
+        after=_decode(data["position_after"]),
+        rows=int(data["rows"]),
+    )

@@ -1,0 +1,217 @@
+"""What a handler writes through a :class:`~azure_functions_db.sinks.sql.SqlSink`: the writer.
+
+Every statement runs on the sink transaction's connection, so it commits with the batch's
+position record or not at all. ``upsert`` is one statement per dialect (PostgreSQL and SQLite
+``ON CONFLICT``, MySQL/MariaDB ``ON DUPLICATE KEY``, SQL Server ``MERGE ... WITH (HOLDLOCK)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql, postgresql, sqlite
+
+from azure_functions_db.core.batch import Change
+from azure_functions_db.errors import ConfigurationError
+
+Rows = Iterable[Mapping[str, Any] | Change]
+#: MySQL/MariaDB storage engines that roll back (any other one ignores transactions).
+TRANSACTIONAL_ENGINES = frozenset({"innodb", "rocksdb", "tokudb"})
+
+
+def check_transactional(conn: sa.Connection, table: str, schema: str | None) -> None:
+    """Refuse a MySQL/MariaDB table whose engine ignores transactions (MyISAM, MEMORY, ...):
+    its rows would stay written when the batch's transaction rolls back."""
+    if conn.dialect.name not in ("mysql", "mariadb"):
+        return
+    engine = conn.execute(
+        sa.text(
+            "SELECT ENGINE FROM information_schema.TABLES "
+            "WHERE TABLE_SCHEMA = COALESCE(:schema, DATABASE()) AND TABLE_NAME = :table"
+        ),
+        {"schema": schema, "table": table},
+    ).scalar()
+    if engine is not None and str(engine).lower() not in TRANSACTIONAL_ENGINES:
+        raise ConfigurationError(
+            f"Table `{table}` uses the {engine} storage engine, which ignores transactions: "
+            "a batch rolled back would leave its rows written, so SqlSink refuses it. Convert "
+            f"it with `ALTER TABLE {table} ENGINE=InnoDB`."
+        )
+
+
+class SqlWriter:
+    """The handler's side of one sink transaction (the second argument of the handler).
+
+    Its statements commit together with the batch's position record when the handler returns,
+    and roll back with it when the handler raises. Use it only inside that handler call.
+    """
+
+    def __init__(self, conn: sa.Connection, table: Callable[[sa.Connection, str], sa.Table]):
+        self._conn = conn
+        self._table = table
+
+    @property
+    def connection(self) -> sa.Connection:
+        """The transaction's SQLAlchemy connection, for anything the helpers do not cover.
+        Do not commit or roll it back: the sink does, with the position record."""
+        return self._conn
+
+    def table(self, name: str) -> sa.Table:
+        """The target table ``name`` (``schema.table`` for another schema), reflected once."""
+        return self._table(self._conn, name)
+
+    def execute(self, statement: Any, params: Any = None) -> sa.CursorResult[Any]:
+        """Run ``statement`` (text or a SQLAlchemy statement) in the transaction."""
+        if isinstance(statement, str):
+            statement = sa.text(statement)
+        return self._conn.execute(statement, params)
+
+    def insert(self, table: str, rows: Rows) -> int:
+        """Insert ``rows`` (mappings, or the batch's changes); the number inserted."""
+        target, data = self._prepared(table, rows)
+        if data:
+            self._conn.execute(sa.insert(target), data)
+        return len(data)
+
+    def upsert(self, table: str, rows: Rows, *, key: Sequence[str] | None = None) -> int:
+        """Insert ``rows`` or update the ones whose ``key`` exists (default: the primary key)."""
+        target, data = self._prepared(table, rows)
+        if not data:
+            return 0
+        columns = list(data[0])
+        keys = self._key(target, key)
+        missing = [k for k in keys if k not in columns]
+        if missing:
+            raise ConfigurationError(
+                f"upsert into `{table}`: the rows have no `{missing[0]}`, a column of the key "
+                f"{keys}: include it, or pass `key=[...]` with the columns that identify a row."
+            )
+        statement, bind = upsert_statement(self._conn.dialect, target, columns, keys)
+        self._conn.execute(statement, [bind(row) for row in data])
+        return len(data)
+
+    def delete(self, table: str, rows: Rows, *, key: Sequence[str] | None = None) -> int:
+        """Delete the rows whose ``key`` (default: the primary key) matches one of ``rows``."""
+        target, data = self._prepared(table, rows, whole=False)
+        if not data:
+            return 0
+        keys = self._key(target, key)
+        condition = sa.and_(*(target.c[k] == sa.bindparam(f"k_{i}") for i, k in enumerate(keys)))
+        params = [{f"k_{i}": row[k] for i, k in enumerate(keys)} for row in data]
+        self._conn.execute(sa.delete(target).where(condition), params)
+        return len(data)
+
+    def apply(
+        self, table: str, changes: Iterable[Change], *, key: Sequence[str] | None = None
+    ) -> int:
+        """Mirror ``changes`` into ``table``: upsert each row, delete the soft-deleted ones."""
+        items = list(changes)
+        upserts = [c for c in items if c.op != "delete"]
+        deletes = [c for c in items if c.op == "delete"]
+        return self.upsert(table, upserts, key=key) + self.delete(table, deletes, key=key)
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _prepared(
+        self, table: str, rows: Rows, *, whole: bool = True
+    ) -> tuple[sa.Table, list[Mapping[str, Any]]]:
+        target = self.table(table)
+        data = [row.data if isinstance(row, Change) else row for row in rows]
+        if not data:
+            return target, data
+        columns = set(data[0])
+        for row in data:
+            if not isinstance(row, Mapping):
+                raise ConfigurationError(
+                    f"Rows written to `{table}` must be mappings of column to value (or the "
+                    f"batch's changes), not `{type(row).__name__}`."
+                )
+            if whole and set(row) != columns:
+                raise ConfigurationError(
+                    f"Rows written to `{table}` must all have the same columns: one has "
+                    f"{sorted(row)}, the first {sorted(columns)}."
+                )
+            unknown = sorted(set(row) - set(target.c.keys()))
+            if unknown:
+                raise ConfigurationError(
+                    f"Table `{table}` has no column `{unknown[0]}`: select the target's columns "
+                    "from each row (e.g. `{k: c.data[k] for k in (...)}`)."
+                )
+        return target, data
+
+    @staticmethod
+    def _key(target: sa.Table, key: Sequence[str] | None) -> list[str]:
+        if key is None:
+            keys = [c.name for c in target.primary_key.columns]
+            if not keys:
+                raise ConfigurationError(
+                    f"Table `{target.name}` has no primary key: pass `key=[...]`, the columns "
+                    "of a unique index that identify a row."
+                )
+            return keys
+        keys = [key] if isinstance(key, str) else list(key)
+        unknown = [k for k in keys if k not in target.c]
+        if not keys or unknown:
+            raise ConfigurationError(
+                f"`key={key!r}` must name columns of `{target.name}`"
+                + (f"; it has no `{unknown[0]}`." if unknown else ".")
+            )
+        return keys
+
+
+def upsert_statement(
+    dialect: sa.Dialect, table: sa.Table, columns: list[str], keys: list[str]
+) -> tuple[Any, Callable[[Mapping[str, Any]], Mapping[str, Any]]]:
+    """One insert-or-update statement for ``dialect``, and how to bind a row to it."""
+    updates = [c for c in columns if c not in keys]
+    same: Callable[[Mapping[str, Any]], Mapping[str, Any]] = lambda row: row  # noqa: E731
+    if dialect.name in ("postgresql", "sqlite"):
+        module = postgresql if dialect.name == "postgresql" else sqlite
+        insert = module.insert(table)
+        if not updates:
+            return insert.on_conflict_do_nothing(index_elements=keys), same
+        return insert.on_conflict_do_update(
+            index_elements=keys, set_={c: insert.excluded[c] for c in updates}
+        ), same
+    if dialect.name in ("mysql", "mariadb"):
+        mine = mysql.insert(table)
+        chosen = updates or keys[:1]  # no other column: a no-op update keeps the row
+        return mine.on_duplicate_key_update({c: mine.inserted[c] for c in chosen}), same
+    if dialect.name == "mssql":
+        return _merge(dialect, table, columns, keys)
+    raise ConfigurationError(
+        f"SqlSink cannot upsert on `{dialect.name}`: use PostgreSQL, MySQL/MariaDB, SQLite or "
+        "SQL Server, or write with `sink.execute(...)`."
+    )
+
+
+def _merge(
+    dialect: sa.Dialect, table: sa.Table, columns: list[str], keys: list[str]
+) -> tuple[Any, Callable[[Mapping[str, Any]], Mapping[str, Any]]]:
+    """SQL Server's upsert: ``MERGE ... WITH (HOLDLOCK)`` (the lock closes the race between
+    the match and the insert), with positional bind names so any column name binds."""
+    quote = dialect.identifier_preparer.quote
+    names = {c: f"p{i}" for i, c in enumerate(columns)}
+    source = ", ".join(f":{names[c]} AS {quote(c)}" for c in columns)
+    match = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in keys)
+    updates = [c for c in columns if c not in keys]
+    matched = (
+        "WHEN MATCHED THEN UPDATE SET " + ", ".join(f"t.{quote(c)} = s.{quote(c)}" for c in updates)
+        if updates
+        else ""
+    )
+    target = dialect.identifier_preparer.format_table(table)
+    sql = (
+        f"MERGE INTO {target} WITH (HOLDLOCK) AS t USING (SELECT {source}) AS s ON {match} "
+        f"{matched} WHEN NOT MATCHED THEN INSERT ({', '.join(quote(c) for c in columns)}) "
+        f"VALUES ({', '.join(f's.{quote(c)}' for c in columns)});"
+    )
+    bindparams = [sa.bindparam(names[c], type_=table.c[c].type) for c in columns]
+    statement = sa.text(sql).bindparams(*bindparams)
+
+    def bind(row: Mapping[str, Any]) -> Mapping[str, Any]:
+        return {names[c]: row[c] for c in columns}
+
+    return statement, bind

@@ -1,0 +1,108 @@
+"""Database URLs: ``%SETTING%`` placeholders, parsing, and masking every secret they hold.
+
+Shared by the sources and the sinks: a URL is resolved when its owner opens (never at import),
+and only its masked form ever reaches a log line or an error message.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from collections.abc import Mapping
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+
+from azure_functions_db.core.settings import setting_value
+from azure_functions_db.errors import ConfigurationError
+
+PLACEHOLDER = re.compile(r"%([A-Za-z_][A-Za-z0-9_]*)%")
+
+
+def resolve_settings(template: str, settings: Mapping[str, str], where: str) -> str:
+    """``template`` with every ``%NAME%`` replaced by ``settings[NAME]`` (one pass)."""
+
+    def replace(match: re.Match[str]) -> str:
+        return setting_value(settings, match.group(1), where)
+
+    return PLACEHOLDER.sub(replace, template)
+
+
+def parse_url(text: str, what: str) -> sa.URL:
+    """``text`` as a SQLAlchemy URL; the error repeats neither the text nor the parser's words.
+
+    ``what`` names the URL's owner in the error, e.g. ``the source of table `orders```.
+    """
+    try:
+        return sa.make_url(text)
+    except (sa_exc.ArgumentError, ValueError):
+        raise ConfigurationError(
+            f"The database URL of {what} cannot be parsed. Expected a "
+            "SQLAlchemy URL such as `postgresql+psycopg://user:password@host:5432/db`."
+        ) from None
+
+
+# Secrets in a URL beyond its password: query parameters with these names, and the values of
+# `PWD=`/`Password=` in an ODBC connection string passed whole as `odbc_connect=` (pyodbc).
+_SECRET_KEYS = frozenset({"password", "pwd"})
+_ODBC_SECRET = re.compile(r"(?i)((?:^|;)\s*(?:pwd|password)\s*=\s*)(\{(?:[^}]|\}\})*\}|[^;]*)")
+_MASK = "***"
+
+
+def render_masked(url: sa.URL) -> str:
+    """``url`` as text with its password, secret query parameters and ODBC ``PWD`` masked."""
+    query: dict[str, str | tuple[str, ...]] = {}
+    for key, value in url.query.items():
+        values = (value,) if isinstance(value, str) else value
+        if key.lower() in _SECRET_KEYS:
+            values = tuple(_MASK for _ in values)
+        elif key.lower() == "odbc_connect":
+            values = tuple(_ODBC_SECRET.sub(rf"\g<1>{_MASK}", v) for v in values)
+        query[key] = values[0] if len(values) == 1 else values
+    text = url.set(query=query).render_as_string(hide_password=True)
+    return text.replace("%2A%2A%2A", _MASK)
+
+
+def url_secrets(url: sa.URL) -> tuple[str, ...]:
+    """Every secret of ``url`` in each form it may take in a driver's message, longest first.
+
+    Raw, URL-encoded (``quote_plus`` and ``quote``), and as an ODBC connection string writes it
+    (a braced value doubles its ``}``), so a message that repeats a URL or connection string
+    can be scrubbed.
+    """
+    values = [url.password] if url.password else []
+    for key, value in url.query.items():
+        for item in (value,) if isinstance(value, str) else value:
+            if key.lower() in _SECRET_KEYS:
+                values.append(item)
+            elif key.lower() == "odbc_connect":
+                for match in _ODBC_SECRET.finditer(item):
+                    secret = match.group(2).strip()
+                    if secret.startswith("{") and secret.endswith("}"):
+                        secret = secret[1:-1].replace("}}", "}")
+                    values.append(secret)
+    forms: set[str] = set()
+    for value in filter(None, values):
+        for written in (value, value.replace("}", "}}")):
+            forms.update(
+                (written, urllib.parse.quote_plus(written), urllib.parse.quote(written, safe=""))
+            )
+    return tuple(sorted(forms, key=len, reverse=True))
+
+
+def masked_url(template: str) -> str:
+    """``template`` with any literal password masked, placeholders shown as written."""
+    settings = PLACEHOLDER.findall(template)
+    tokens = {f"afdbsetting{i}x": f"%{name}%" for i, name in enumerate(settings)}
+    text = template
+    for token, placeholder in tokens.items():
+        text = text.replace(placeholder, token, 1)
+    try:
+        text = render_masked(sa.make_url(text))
+    except (sa_exc.ArgumentError, ValueError):
+        if set(PLACEHOLDER.sub("", template).strip()) - {""}:
+            return "<database url>"
+        return template
+    for token, placeholder in tokens.items():
+        text = text.replace(token, placeholder)
+    return text
