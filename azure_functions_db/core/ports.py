@@ -359,6 +359,16 @@ class SinkMark:
     after: Position | None
     rows: int = 0
 
+    def holds(self, batch: Batch, sequence: int) -> bool:
+        """Whether this is ``batch``'s own mark: the same sequence, read after and ending on the
+        same positions (copies of positions the database returned, compared for equality only,
+        never for order)."""
+        return (
+            self.sequence == sequence
+            and self.before == batch.position_before
+            and self.after == batch.position_after
+        )
+
 
 @runtime_checkable
 class TransactionalSink(Protocol):
@@ -401,9 +411,10 @@ class TransactionalSink(Protocol):
         """One transaction for ``batch``: yields the writer the handler writes through.
 
         Yields ``None`` (and writes nothing) when ``key``'s record is this batch's mark
-        already (same sequence, same ``before`` and ``after``). On a normal exit it checks the
-        record's fence (a higher one than ``batch.fence``: ``SinkFencedError``, nothing
-        committed), writes ``SinkMark(batch.fence, sequence, batch.position_before,
+        already (:meth:`SinkMark.holds`). The record is not locked while the handler runs, so
+        a newer owner's :meth:`claim` is not held up by it. On a normal exit it locks the
+        record and checks its fence (a higher one than ``batch.fence``: ``SinkFencedError``,
+        nothing committed), writes ``SinkMark(batch.fence, sequence, batch.position_before,
         batch.position_after, len(batch))`` and commits; on an exception it rolls back.
         """
         ...

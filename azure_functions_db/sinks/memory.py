@@ -2,8 +2,9 @@
 
 Held to the same contract as :class:`~azure_functions_db.sinks.sql.SqlSink`
 (:class:`~azure_functions_db.testing.sink_contract.SinkContract` runs over both): one lock
-serialises claims and transactions as the position row's lock does in a database, and a
-transaction's writes land in the tables only when it commits with its mark.
+guards the position records as the position row's lock does in a database (held to commit, not
+while the handler runs), and a transaction's writes land in the tables only when it commits
+with its mark.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from azure_functions_db.core.batch import Batch, Change
 from azure_functions_db.core.checkpoint import PollerKey
 from azure_functions_db.core.ports import SinkMark
-from azure_functions_db.errors import ConfigurationError, SinkFencedError
+from azure_functions_db.errors import ConfigurationError, SinkError, SinkFencedError
 
 Rows = Iterable[Mapping[str, Any] | Change]
 
@@ -31,6 +32,7 @@ class MemoryWriter:
     ):
         self._tables = tables
         self._keys = keys
+        self.touched: set[str] = set()
 
     def insert(self, table: str, rows: Rows) -> int:
         """Insert ``rows``; a row whose key exists fails the transaction, as a database would."""
@@ -72,6 +74,7 @@ class MemoryWriter:
         if table not in self._tables:
             raise ConfigurationError(f"The sink has no table `{table}`: create it first.")
         columns = list(key) if key is not None else list(self._keys[table])
+        self.touched.add(table)
         for row in rows:
             data = dict(row.data if isinstance(row, Change) else row)
             yield tuple(data[c] for c in columns), data
@@ -121,23 +124,33 @@ class MemorySink:
         self, key: PollerKey, batch: Batch, sequence: int
     ) -> Iterator[MemoryWriter | None]:
         with self._lock:
-            mark = self._marks.get(key)
-            if mark is not None and mark.fence > batch.fence:
-                raise SinkFencedError(key.poller, key.namespace, batch.fence, mark.fence)
-            if (
-                mark is not None
-                and mark.sequence == sequence
-                and mark.before == batch.position_before
-                and mark.after == batch.position_after
-            ):
-                yield None
-                return
+            seen = self._marks.get(key)
             staged = {name: dict(rows) for name, rows in self._tables.items()}
-            yield MemoryWriter(staged, self._keys)
-            self._tables = staged
+        self._check_fence(key, batch, seen)
+        if seen is not None and seen.holds(batch, sequence):
+            yield None
+            return
+        writer = MemoryWriter(staged, self._keys)
+        yield writer
+        with self._lock:
+            mark = self._marks.get(key)
+            self._check_fence(key, batch, mark)
+            if mark != seen:
+                raise SinkError(
+                    f"The position record of {key} changed while the batch ran.",
+                    poller=key.poller,
+                    namespace=key.namespace,
+                )
+            for name in writer.touched:
+                self._tables[name] = staged[name]
             self._marks[key] = SinkMark(
                 batch.fence, sequence, batch.position_before, batch.position_after, len(batch)
             )
+
+    @staticmethod
+    def _check_fence(key: PollerKey, batch: Batch, mark: SinkMark | None) -> None:
+        if mark is not None and mark.fence > batch.fence:
+            raise SinkFencedError(key.poller, key.namespace, batch.fence, mark.fence)
 
     def mark(self, key: PollerKey) -> SinkMark | None:
         with self._lock:

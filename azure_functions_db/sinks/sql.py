@@ -125,11 +125,10 @@ class SqlSink:
         for attempt in range(2):
             try:
                 with self._errors("claim the position record"), self._transaction() as conn:
-                    row = self._locked(conn, key)
-                    if row is None:
+                    mark = self._read(conn, key, lock=True)
+                    if mark is None:
                         conn.execute(sa.insert(positions).values(**_fresh(key, fence)))
                         return None
-                    mark = _mark(row)
                     if mark.fence > fence:
                         raise SinkFencedError(key.poller, key.namespace, fence, mark.fence)
                     if mark.fence < fence:
@@ -147,22 +146,30 @@ class SqlSink:
     def transaction(
         self, key: PollerKey, batch: Batch, sequence: int
     ) -> Iterator[SqlWriter | None]:
-        """The batch's transaction: yields the writer, or ``None`` if the batch is stored."""
+        """The batch's transaction: yields the writer, or ``None`` if the batch is stored.
+
+        The position row is read unlocked first (a stored batch skips the handler, a newer
+        fence refuses it early) and locked only to commit: while a handler runs, a new owner's
+        claim goes through, and this transaction then finds the newer fence and rolls back.
+        """
         positions = self._ready()
         with self._errors("write the batch"), self._transaction() as conn:
-            row = self._locked(conn, key)
-            mark = _mark(row) if row is not None else None
-            if mark is not None and mark.fence > batch.fence:
-                raise SinkFencedError(key.poller, key.namespace, batch.fence, mark.fence)
-            if (
-                mark is not None
-                and mark.sequence == sequence
-                and mark.before == batch.position_before
-                and mark.after == batch.position_after
-            ):
+            seen = self._read(conn, key, lock=False)
+            self._check_fence(key, batch, seen)
+            if seen is not None and seen.holds(batch, sequence):
                 yield None
                 return
             yield SqlWriter(conn, self._table)
+            row = self._read(conn, key, lock=True)
+            self._check_fence(key, batch, row)
+            if row != seen:
+                raise SinkError(
+                    f"The position record of {key} in {self.describe()} changed while the batch "
+                    "ran, under the same fence: two processes share one lease. The batch was "
+                    "rolled back.",
+                    poller=key.poller,
+                    namespace=key.namespace,
+                )
             values = {
                 "fence": batch.fence,
                 "sequence": sequence,
@@ -234,12 +241,18 @@ class SqlSink:
                 raise
             conn.exec_driver_sql("COMMIT")
 
-    def _locked(self, conn: sa.Connection, key: PollerKey) -> sa.Row[Any] | None:
+    def _read(self, conn: sa.Connection, key: PollerKey, *, lock: bool) -> SinkMark | None:
         positions = self._ready()
         query = sa.select(positions).where(_is(positions, key))
-        if conn.dialect.name != "sqlite":
+        if lock and conn.dialect.name != "sqlite":  # SQLite: BEGIN IMMEDIATE locked it all
             query = query.with_for_update()
-        return conn.execute(query).first()
+        row = conn.execute(query).first()
+        return _mark(row) if row is not None else None
+
+    @staticmethod
+    def _check_fence(key: PollerKey, batch: Batch, mark: SinkMark | None) -> None:
+        if mark is not None and mark.fence > batch.fence:
+            raise SinkFencedError(key.poller, key.namespace, batch.fence, mark.fence)
 
     def _table(self, conn: sa.Connection, name: str) -> sa.Table:
         with self._lock:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-import time
 import uuid
 from decimal import Decimal
 from typing import Any
@@ -51,6 +50,9 @@ class _Failed(Exception):
 class SinkContract:
     """Isolation, idempotent commit and stale-fence rejection, over a real adapter."""
 
+    #: True for a sink whose batch locks the whole database (SQLite): a claim then waits.
+    claims_wait_for_running_batches = False
+
     def stored(self, sink: Any) -> dict[int, str]:  # pragma: no cover - every subclass defines it
         raise NotImplementedError
 
@@ -84,12 +86,19 @@ class SinkContract:
         sink.claim(KEY, 1)
         first = contract_batch(1, [1])
         with sink.transaction(KEY, first, 1) as writer:
+            assert writer is not None
             writer.upsert("items", first)
         before = sink.mark(KEY)
         second = contract_batch(1, [2, 3], before=first.position_after)
-        with pytest.raises(_Failed), sink.transaction(KEY, second, 2) as writer:
-            writer.upsert("items", second)
-            raise _Failed
+
+        def failing_handler() -> None:
+            with sink.transaction(KEY, second, 2) as writer:
+                assert writer is not None
+                writer.upsert("items", second)
+                raise _Failed
+
+        with pytest.raises(_Failed):
+            failing_handler()
         assert self.stored(sink) == {1: "v1"}
         assert sink.mark(KEY) == before
 
@@ -99,6 +108,7 @@ class SinkContract:
         sink.claim(KEY, 1)
         batch = contract_batch(1, [1, 2])
         with sink.transaction(KEY, batch, 1) as writer:
+            assert writer is not None
             writer.insert("items", batch)
         sink.claim(KEY, 2)  # e.g. the next owner, after the checkpoint commit was lost
         again = contract_batch(2, [1, 2])
@@ -112,6 +122,7 @@ class SinkContract:
     ) -> None:
         sink.claim(KEY, 1)
         with sink.transaction(KEY, contract_batch(1, [1, 2]), 1) as writer:
+            assert writer is not None
             writer.upsert("items", contract_batch(1, [1, 2]))
         grown = contract_batch(1, [1, 2, 3], name="w")
         with sink.transaction(KEY, grown, 1) as writer:
@@ -125,34 +136,66 @@ class SinkContract:
         sink.claim(KEY, 1)
         sink.claim(KEY, 2)  # a newer owner claimed the poller
         batch = contract_batch(1, [1])
-        with pytest.raises(SinkFencedError), sink.transaction(KEY, batch, 1) as writer:
-            writer.upsert("items", batch)  # pragma: no cover - refused before the handler
+        handler_ran: list[bool] = []
+
+        def stale_batch() -> None:
+            with sink.transaction(KEY, batch, 1) as writer:
+                handler_ran.append(True)  # refused before the handler, as it can be
+                assert writer is not None
+                writer.upsert("items", batch)
+
+        with pytest.raises(SinkFencedError):
+            stale_batch()
+        assert handler_ran == []
         assert self.stored(sink) == {}
         assert sink.mark(KEY) == SinkMark(fence=2, sequence=0, before=None, after=None)
 
-    def test_a_claim_waits_for_a_running_batch_and_sees_it(self, sink: TransactionalSink) -> None:
+    def test_a_claim_during_a_running_batch(self, sink: TransactionalSink) -> None:
+        """The stale owner resumed: its lease was taken while its handler ran (a frozen
+        instance). The new owner's claim does not wait for it, and the old batch, when its
+        handler returns, finds the newer fence and writes nothing. A sink whose batch locks the
+        whole database (SQLite) makes the claim wait instead: the batch commits first, and the
+        claim sees it (``claims_wait_for_running_batches``)."""
         sink.claim(KEY, 1)
         batch = contract_batch(1, [1])
         inside, release = threading.Event(), threading.Event()
+        outcome: list[BaseException | None] = []
         claimed: list[SinkMark | None] = []
 
         def old_owner() -> None:
-            with sink.transaction(KEY, batch, 1) as writer:
-                writer.upsert("items", batch)
-                inside.set()
-                release.wait(10)
+            try:
+                with sink.transaction(KEY, batch, 1) as writer:
+                    assert writer is not None
+                    writer.upsert("items", batch)
+                    inside.set()
+                    release.wait(10)
+            except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+                outcome.append(exc)
+            else:
+                outcome.append(None)
 
         worker = threading.Thread(target=old_owner)
         worker.start()
         assert inside.wait(10)
         claimer = threading.Thread(target=lambda: claimed.append(sink.claim(KEY, 2)))
         claimer.start()
-        time.sleep(0.3)
-        assert not claimed, "a claim went through while a batch held the record"
+        claimer.join(0.5)
+        if self.claims_wait_for_running_batches:
+            assert not claimed, "a claim went through while the batch held the database"
+        else:
+            assert claimed == [SinkMark(fence=1, sequence=0, before=None, after=None)]
         release.set()
         worker.join(10)
         claimer.join(10)
-        assert claimed == [SinkMark(1, 1, None, batch.position_after, 1)]
+        if self.claims_wait_for_running_batches:
+            assert outcome == [None]
+            assert claimed == [SinkMark(1, 1, None, batch.position_after, 1)]
+            assert self.stored(sink) == {1: "v1"}
+        else:
+            assert len(outcome) == 1
+            assert isinstance(outcome[0], SinkFencedError)
+            assert self.stored(sink) == {}
+            assert sink.mark(KEY) == SinkMark(fence=2, sequence=0, before=None, after=None)
 
     # -- positions ---------------------------------------------------------------------------
 
@@ -166,10 +209,13 @@ class SinkContract:
         batch = Batch(KEY.poller, KEY.namespace, 1, 1, before, after, (change,))
         sink.claim(KEY, 1)
         with sink.transaction(KEY, batch, 7) as writer:
+            assert writer is not None
             writer.upsert("items", [{"id": 1, "name": "x"}])
         mark = sink.mark(KEY)
         assert mark == SinkMark(1, 7, before, after, 1)
-        assert mark is not None and mark.before is not None and mark.after is not None
+        assert mark is not None
+        assert mark.before is not None
+        assert mark.after is not None
         assert mark.before.to_json() == before.to_json()
         assert mark.after.to_json() == after.to_json()
 
@@ -189,5 +235,6 @@ class SinkContract:
             KEY.poller, KEY.namespace, 1, 1, first.position_after, kept.position, (gone, kept)
         )
         with sink.transaction(KEY, second, 2) as writer:
+            assert writer is not None
             writer.apply("items", second)
         assert self.stored(sink) == {2: "two", 4: "v4", 5: "v5"}

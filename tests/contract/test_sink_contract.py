@@ -51,6 +51,8 @@ class SqlSinkTier(SinkContract):
 
 
 class TestSqliteSink(SqlSinkTier):
+    claims_wait_for_running_batches = True
+
     @pytest.fixture
     def sink(self, tmp_path: Path) -> Iterator[TransactionalSink]:
         url = f"sqlite:///{tmp_path / 'target.db'}"
