@@ -225,6 +225,7 @@ class SinkContract:
         sink.claim(KEY, 1)
         first = contract_batch(1, [1, 2, 3])
         with sink.transaction(KEY, first, 1) as writer:
+            assert writer is not None
             assert writer.insert("items", first) == 3
             assert writer.upsert("items", [{"id": 2, "name": "two"}, {"id": 4, "name": "v4"}]) == 2
             assert writer.delete("items", [{"id": 1}]) == 1
