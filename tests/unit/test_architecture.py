@@ -87,7 +87,7 @@ def test_only_the_functions_package_imports_azure_functions():
     assert offenders == []
 
 
-@pytest.mark.parametrize("folder", ["sources", "state"])
+@pytest.mark.parametrize("folder", ["sinks", "sources", "state"])
 def test_adapters_do_not_import_the_layers_above(folder):
     above = (
         "azure_functions_db.functions",
@@ -183,6 +183,7 @@ def test_the_top_level_is_grouped_by_role():
         "observers",
         "ops",
         "runtime",
+        "sinks",
         "sources",
         "spark",
         "state",
