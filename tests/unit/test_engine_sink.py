@@ -55,8 +55,14 @@ class Copier:
             raise RuntimeError("handler failed after writing")
 
 
-def engine(source: MemorySource, store: MemoryStateStore, sink: MemorySink, clock: FakeClock,
-           handler: Any, owner: str = "a") -> Engine:
+def engine(
+    source: MemorySource,
+    store: MemoryStateStore,
+    sink: MemorySink,
+    clock: FakeClock,
+    handler: Any,
+    owner: str = "a",
+) -> Engine:
     return Engine(CONFIG, source, store, handler, clock, owner=owner, sink=sink)
 
 
