@@ -61,6 +61,7 @@ def engine(
     sink: MemorySink,
     clock: FakeClock,
     handler: Any,
+    *,
     owner: str = "a",
 ) -> Engine:
     return Engine(CONFIG, source, store, handler, clock, owner=owner, sink=sink)
