@@ -1,0 +1,211 @@
+"""SqlSink on PostgreSQL with real processes: effectively-once through kill -9 and SIGSTOP.
+
+The poller runs in child processes through the real CLI (``python -m azure_functions_db run APP
+--once``): source and sink in one PostgreSQL schema, checkpoints in the local file store. The
+handler appends one row per source row version to ``applied``, a table with no unique key, so a
+batch written twice would show as two rows and a lost one as none.
+
+- kill -9 between the sink's commit and the checkpoint's, 20 times in a row (the store's
+  checkpoint write kills its own process with SIGKILL right after the sink committed), with new
+  row versions written between the kills: ``applied`` holds each version exactly once.
+- A stale owner: SIGSTOP while its handler has written its batch (uncommitted); its lease
+  expires; a new owner delivers everything; the old one is resumed (SIGCONT) and commits
+  nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from azure_functions_db.core.checkpoint import PollerKey
+from azure_functions_db.state.local import LocalStateStore
+from devkit import dbservers
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+
+KEY = PollerKey("live", "orders")
+ROWS, BATCH = 60, 3
+
+APP = textwrap.dedent(
+    """
+    import os, signal, time
+    from pathlib import Path
+    import azure_functions_db as afdb
+    from azure_functions_db.state.local import LocalStateStore
+
+    HANDLED = []
+
+    class DiesAfterTheSinkCommit(LocalStateStore):
+        # The checkpoint commit after a batch: the sink committed it a moment ago.
+        def replace(self, new, etag):
+            if os.environ.get("SINK_KILL") == "1" and HANDLED:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return super().replace(new, etag)
+
+    db = afdb.PollerBlueprint()
+
+    @db.poller(
+        name="orders",
+        schedule="0 0 * * * *",
+        source=afdb.SqlSource(
+            url="%SINK_DB%", table="orders", schema=os.environ["SINK_SCHEMA"],
+            cursor="updated_at", pk="id",
+        ),
+        sink=afdb.SqlSink(url="%SINK_DB%", schema=os.environ["SINK_SCHEMA"]),
+        state=DiesAfterTheSinkCommit(os.environ["SINK_STATE"]),
+        batch_size=int(os.environ.get("SINK_BATCH", "3")),
+        lease_duration=2,
+    )
+    def copy_orders(batch, sink):
+        sink.insert("applied", [
+            {"order_id": c.pk, "version": c.data["version"], "pid": os.getpid()} for c in batch
+        ])
+        HANDLED.append(len(batch))
+        if os.environ.get("SINK_STALL") == "1":
+            Path(os.environ["SINK_READY"]).write_text("written, not committed")
+            while not Path(os.environ["SINK_GO"]).exists():
+                time.sleep(0.02)
+    """
+)
+
+
+@pytest.fixture
+def db(pg_schema: str) -> sa.Engine:
+    engine = sa.create_engine(dbservers.pg_url(), poolclass=sa.NullPool)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f'SET search_path TO "{pg_schema}"')
+        conn.exec_driver_sql(
+            "CREATE TABLE orders (id int PRIMARY KEY, version int NOT NULL, "
+            "updated_at timestamptz NOT NULL)"
+        )
+        conn.exec_driver_sql(
+            "CREATE TABLE applied (n bigserial PRIMARY KEY, order_id int NOT NULL, "
+            "version int NOT NULL, pid int NOT NULL)"
+        )
+        conn.exec_driver_sql(
+            "INSERT INTO orders SELECT i, 1, now() - interval '1 hour' + i * interval '1 second' "
+            f"FROM generate_series(1, {ROWS}) AS i"
+        )
+    yield engine
+    engine.dispose()
+
+
+def run(tmp_path: Path, schema: str, **env: str) -> subprocess.Popen[bytes]:
+    (tmp_path / "function_app.py").write_text(APP)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "azure_functions_db",
+            "run",
+            str(tmp_path / "function_app.py"),
+            "--once",
+        ],
+        env={
+            **os.environ,
+            "SINK_DB": dbservers.pg_url(),
+            "SINK_SCHEMA": schema,
+            "SINK_STATE": str(tmp_path / "state"),
+            "SINK_READY": str(tmp_path / "ready"),
+            "SINK_GO": str(tmp_path / "go"),
+            **env,
+        },
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def finish(proc: subprocess.Popen[bytes], timeout: float = 120) -> tuple[int, str]:
+    out = proc.communicate(timeout=timeout)[0].decode()
+    return proc.returncode, out
+
+
+def applied(db: sa.Engine, schema: str) -> list[tuple[int, int, int]]:
+    with db.connect() as conn:
+        conn.exec_driver_sql(f'SET search_path TO "{schema}"')
+        return [
+            tuple(r)
+            for r in conn.exec_driver_sql("SELECT order_id, version, pid FROM applied ORDER BY n")
+        ]
+
+
+def versions(db: sa.Engine, schema: str) -> set[tuple[int, int]]:
+    with db.connect() as conn:
+        conn.exec_driver_sql(f'SET search_path TO "{schema}"')
+        return {tuple(r) for r in conn.exec_driver_sql("SELECT id, version FROM orders")}
+
+
+def test_kill_9_between_the_sink_commit_and_the_checkpoint_commit_20_times(
+    tmp_path: Path, db: sa.Engine, pg_schema: str
+) -> None:
+    store = LocalStateStore(tmp_path / "state")
+    for kill in range(20):
+        proc = run(tmp_path, pg_schema, SINK_KILL="1")
+        code, out = finish(proc)
+        assert code == -signal.SIGKILL, f"run {kill} was not killed ({code}):\n{out}"
+        if kill:
+            assert "action=checkpoint_caught_up_with_sink" in out, out
+        # The sink holds one batch more than the checkpoint: the killed commit's.
+        record = store.read(KEY)
+        assert record is not None
+        assert record.checkpoint.stats.batches == kill
+        assert len(applied(db, pg_schema)) == BATCH * (kill + 1)
+        # A new version of a delivered row, between the kills: it must arrive once too.
+        with db.begin() as conn:
+            conn.exec_driver_sql(f'SET search_path TO "{pg_schema}"')
+            conn.exec_driver_sql(
+                "UPDATE orders SET version = version + 1, updated_at = clock_timestamp() "
+                "WHERE id = :id".replace(":id", str(kill + 1))
+            )
+    time.sleep(1.5)  # the last version is newer than the horizon's settle margin (1 s)
+    code, out = finish(run(tmp_path, pg_schema))
+    assert code == 0, out
+    rows = applied(db, pg_schema)
+    counts = Counter((order_id, version) for order_id, version, _ in rows)
+    final = versions(db, pg_schema)
+    duplicated = {k: n for k, n in counts.items() if n > 1}
+    assert duplicated == {}
+    # Every final version arrived, and every earlier version of a row that changed.
+    expected = final | {(i, v) for i, top in final for v in range(1, top)}
+    assert set(counts) == expected
+    assert len(rows) == ROWS + 20
+
+
+def test_a_stale_owner_resumed_after_its_lease_was_taken_writes_nothing(
+    tmp_path: Path, db: sa.Engine, pg_schema: str
+) -> None:
+    stale = run(tmp_path, pg_schema, SINK_STALL="1", SINK_BATCH="10")
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "ready").exists():
+        assert stale.poll() is None, finish(stale)[1]
+        assert time.monotonic() < deadline, "the first owner never reached its handler"
+        time.sleep(0.02)
+    stale.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(2.5)  # its lease (2 s) runs out: no heartbeat from a stopped process
+        code, out = finish(run(tmp_path, pg_schema, SINK_BATCH="10"))
+        assert code == 0, out
+        assert "caught_up, 6 batch(es), 60 row(s)" in out, out
+        (tmp_path / "go").write_text("go")
+        stale.send_signal(signal.SIGCONT)
+        code, out = finish(stale)
+    finally:
+        if stale.poll() is None:  # a failed check above: never leave its transaction open
+            stale.kill()
+            stale.communicate()
+    assert code != 0, out
+    assert "the sink's position record holds fence 2" in out, out
+    rows = applied(db, pg_schema)
+    assert [pid for *_, pid in rows if pid == stale.pid] == []
+    counts = Counter((order_id, version) for order_id, version, _ in rows)
+    assert counts == Counter({(i, 1): 1 for i in range(1, ROWS + 1)})
