@@ -330,3 +330,26 @@ def test_retry_must_be_a_functions_retry(orders):
     db = afdb.PollerBlueprint()
     with pytest.raises(afdb.ConfigurationError, match=r"`retry=3` is not a host retry policy"):
         db.poller(name="x", schedule="0 0 * * * *", source=source(orders.url), retry=3)  # type: ignore[arg-type]
+
+
+def test_a_sink_is_checked_at_decoration_and_does_no_io(orders, monkeypatch):
+    bp = afdb.PollerBlueprint()
+    with pytest.raises(ConfigurationError, match=r"`sink='nope'` is not a transactional sink"):
+        bp.poller(name="a", schedule="0 * * * * *", source=source(orders.url), sink="nope")  # type: ignore[arg-type]
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("I/O at decoration")
+
+    monkeypatch.setattr(sa, "create_engine", refuse)
+    sink = afdb.SqlSink(url="%TARGET_DB_URL%")
+    with pytest.raises(ConfigurationError, match=r"on_rows\(batch, sink\): \.\.\.`"):
+
+        @bp.poller(name="b", schedule="0 * * * * *", source=source(orders.url), sink=sink)
+        def on_rows(batch):  # the sink's writer has nowhere to go
+            pass
+
+    @bp.poller(name="c", schedule="0 * * * * *", source=source(orders.url), sink=sink)
+    def copy(batch, writer):
+        writer.upsert("copy", batch)
+
+    assert bp.pollers["c"].sink is sink
