@@ -125,6 +125,7 @@ def run_chunk(
         definition.clock,
         owner=owner or f"backfill:{default_owner()}:attempt{attempt}",
         heartbeat_interval=heartbeat_interval,
+        sink=definition.sink,  # each chunk keeps its own position record in the sink
     )
     rows = batches = runs = 0
     while True:

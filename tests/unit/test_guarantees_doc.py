@@ -58,3 +58,29 @@ def test_the_checker_can_fail():
         resolve(
             "tests/e2e/test_crash_cases.py::test_cases_e_f_process_killed_mid_batch_loses_nothing[x]"
         )
+
+
+def test_every_sink_has_a_row_in_the_delivery_tiers_table():
+    """A sink the package offers cannot ship without its stated guarantee and its proof."""
+    import azure_functions_db.sinks.memory as memory
+    import azure_functions_db.sinks.sql as sql
+
+    section = DOC.read_text().split("## Sinks (delivery tiers)", 1)[1].split("\n## ", 1)[0]
+    rows = {
+        row.split("|")[1].strip().split()[0].strip("`"): row
+        for row in section.splitlines()
+        if row.startswith("| `") or row.startswith("| The handler")
+    }
+    sinks = [
+        name
+        for module in (sql, memory)
+        for name, value in vars(module).items()
+        if isinstance(value, type)
+        and value.__module__ == module.__name__
+        and hasattr(value, "transaction")
+        and hasattr(value, "claim")
+    ]
+    assert sorted(sinks) == ["MemorySink", "SqlSink"]
+    for name in sinks:
+        assert name in rows, f"{name} has no row in the delivery tiers table"
+        assert NODE_ID.search(rows[name]), f"{name}'s row names no test"
