@@ -62,8 +62,7 @@ def test_the_checker_can_fail():
 
 def test_every_sink_has_a_row_in_the_delivery_tiers_table():
     """A sink the package offers cannot ship without its stated guarantee and its proof."""
-    import azure_functions_db.sinks.memory as memory
-    import azure_functions_db.sinks.sql as sql
+    from azure_functions_db.sinks import memory, sql
 
     section = DOC.read_text().split("## Sinks (delivery tiers)", 1)[1].split("\n## ", 1)[0]
     rows = {
