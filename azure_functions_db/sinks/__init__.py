@@ -2,6 +2,8 @@
 
 - :class:`~azure_functions_db.sinks.sql.SqlSink`: effectively-once into PostgreSQL,
   MariaDB/MySQL (InnoDB), SQLite and SQL Server.
+- :class:`~azure_functions_db.sinks.delta.DeltaSink`: exactly-once into one Delta Lake table
+  (the ``delta`` extra).
 - :class:`~azure_functions_db.sinks.memory.MemorySink`: the in-memory fake, for tests.
 
 Per-sink guarantees, mechanisms and proofs: ``docs/guarantees.md``.

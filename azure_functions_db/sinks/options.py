@@ -85,3 +85,55 @@ class SqlSinkOptions(BaseModel):
                 "(e.g. `connect_timeout=10`)."
             )
         return float(value)
+
+
+class DeltaSinkOptions(BaseModel):
+    """What :class:`~azure_functions_db.sinks.delta.DeltaSink` is given (checked without I/O)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    uri: str
+    key: tuple[str, ...] | None = None
+    storage_options: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("uri", mode="before")
+    @classmethod
+    def _uri(cls, value: Any) -> Any:
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(
+                f'`uri={value!r}` must be the table\'s location, e.g. `uri="./lake/orders"` or '
+                '`uri="abfss://lake@account.dfs.core.windows.net/orders"` (or `"%SETTING%"`).'
+            )
+        return value
+
+    @field_validator("key", mode="before")
+    @classmethod
+    def _key(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        names = [value] if isinstance(value, str) else value
+        if (
+            not isinstance(names, list | tuple)
+            or not names
+            or not all(isinstance(n, str) and n.strip() == n and n for n in names)
+            or len(set(names)) != len(names)
+        ):
+            raise ValueError(
+                f"`key={value!r}` must name the columns that identify a row, e.g. "
+                '`key=["id"]`, each once.'
+            )
+        return tuple(names)
+
+    @field_validator("storage_options", mode="before")
+    @classmethod
+    def _storage(cls, value: Any) -> Any:
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        ):
+            raise ValueError(
+                "`storage_options` must map option names to strings, e.g. "
+                '`{"azure_storage_account_name": "%LAKE_ACCOUNT%"}`.'
+            )
+        return dict(value)

@@ -1,6 +1,6 @@
 """The sink contract (:class:`azure_functions_db.testing.sink_contract.SinkContract`) over every
-tier: the in-memory fake, and SqlSink on SQLite, PostgreSQL and MariaDB (InnoDB), natively and
-through pyodbc on both servers."""
+tier: the in-memory fake, SqlSink on SQLite, PostgreSQL and MariaDB (InnoDB), natively and
+through pyodbc on both servers, and DeltaSink on a local Delta Lake table."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from azure_functions_db.core.ports import TransactionalSink
+from azure_functions_db.sinks.delta import DeltaSink, DeltaWriter
 from azure_functions_db.sinks.memory import MemorySink
 from azure_functions_db.sinks.sql import SqlSink
 from azure_functions_db.testing.sink_contract import SinkContract
@@ -112,3 +113,25 @@ class TestMariaDbOdbcSink(SqlSinkTier):
 def test_the_fake_and_the_sql_sink_are_transactional_sinks() -> None:
     assert isinstance(MemorySink(), TransactionalSink)
     assert isinstance(SqlSink("sqlite://"), TransactionalSink)
+
+
+class TestDeltaSink(SinkContract):
+    """Delta Lake on the local file system through deltalake (delta-rs)."""
+
+    @pytest.fixture
+    def sink(self, tmp_path: Path) -> DeltaSink:
+        import pyarrow as pa
+
+        schema = pa.schema([("id", pa.int64()), ("name", pa.string())])
+        sink = DeltaSink(str(tmp_path / "items"), key=["id"], schema=schema)
+        sink.open({})
+        return sink
+
+    def stored(self, sink: DeltaSink) -> dict[int, str]:
+        from deltalake import DeltaTable
+
+        rows = DeltaTable(sink.options.uri).to_pyarrow_table().to_pylist()
+        return {row["id"]: row["name"] for row in rows}
+
+    def write(self, writer: DeltaWriter, method: str, rows: object) -> int:
+        return int(getattr(writer, method)(rows))

@@ -1,0 +1,420 @@
+"""``DeltaSink``: exactly-once into one Delta Lake table, with Delta's application transactions.
+
+Every batch is one Delta commit that carries, besides its data, two application transactions
+(``txn`` actions) and the batch's positions in its commit metadata:
+
+- ``afdb:<namespace>/<poller>`` at version ``sequence`` (the checkpoint's batch count once the
+  batch is committed): which batch of this poller (or backfill chunk) the table holds;
+- ``afdb-fence:<namespace>/<poller>`` at version ``fence``: the newest owner's fence;
+- ``afdb.before``/``afdb.after``/``afdb.rows``/``afdb.fence``: where the batch was read after,
+  where it ends, its size (so recovery can move the checkpoint from the table alone).
+
+A claim is a commit of the fence transaction alone. Every commit is made on top of the version
+it was checked against, with ``max_commit_retries=0``: if any other commit landed in between (a
+new owner's claim, a backfill chunk's batch), it fails, and the sink reads the table again,
+checks the fence again and retries the commit (the handler does not run again). So a commit of
+an older fence can never land after a newer claim. Written with the ``deltalake`` package
+(delta-rs, no JVM), from a Functions process and from the Spark backfill's tasks alike.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from azure_functions_db.core.batch import Batch, Change
+from azure_functions_db.core.checkpoint import PollerKey
+from azure_functions_db.core.logs import log_event
+from azure_functions_db.core.ports import SinkMark
+from azure_functions_db.core.position import Position
+from azure_functions_db.errors import (
+    ConfigurationError,
+    SinkError,
+    SinkFencedError,
+    TransientSinkError,
+)
+from azure_functions_db.sinks import options
+from azure_functions_db.sources import urls
+
+logger = logging.getLogger(__name__)
+
+#: Commit attempts on top of other writers' commits before the batch fails (transiently).
+COMMIT_ATTEMPTS = 30
+#: How far back the table's history is searched for a poller's last batch commit.
+HISTORY_WINDOW = (50, 1000, None)
+_OP = "_afdb_op"
+
+
+def batch_app(key: PollerKey) -> str:
+    """The application id whose version is the poller's last committed batch sequence."""
+    return f"afdb:{key.namespace}/{key.poller}"
+
+
+def fence_app(key: PollerKey) -> str:
+    """The application id whose version is the newest owner's fence."""
+    return f"afdb-fence:{key.namespace}/{key.poller}"
+
+
+class DeltaWriter:
+    """The handler's side of a :class:`DeltaSink` batch: the rows of one Delta commit.
+
+    ``insert`` appends; ``upsert``, ``delete`` and ``apply`` need the sink's ``key`` and make
+    the commit one ``MERGE`` (the last write of each key in the batch wins; an ``insert`` of a
+    key the table holds then updates it). Nothing is written
+    until the handler returns; then the rows and the batch's position commit together.
+    """
+
+    def __init__(self, key: tuple[str, ...] | None) -> None:
+        self._key = key
+        self.appended: list[Mapping[str, Any]] = []
+        self.merged: dict[tuple[Any, ...], tuple[str, Mapping[str, Any]]] = {}
+
+    def insert(self, rows: Iterable[Mapping[str, Any] | Change]) -> int:
+        """Append ``rows`` (mappings, or the batch's changes: their ``data``). With a key, a
+        row whose key the batch wrote before replaces that write."""
+        data = _rows(rows)
+        if self._key is None:
+            self.appended.extend(data)
+            return len(data)
+        return self._merge("insert", data)
+
+    def upsert(self, rows: Iterable[Mapping[str, Any] | Change]) -> int:
+        """Insert ``rows``, or update the rows with the same key."""
+        return self._merge("upsert", _rows(rows))
+
+    def delete(self, rows: Iterable[Mapping[str, Any] | Change]) -> int:
+        """Delete the rows whose key matches one of ``rows``."""
+        return self._merge("delete", _rows(rows))
+
+    def apply(self, changes: Iterable[Change]) -> int:
+        """Mirror ``changes``: upsert each row, delete the soft-deleted ones."""
+        count = 0
+        for change in changes:
+            count += self._merge("delete" if change.op == "delete" else "upsert", [change.data])
+        return count
+
+    def _merge(self, op: str, data: list[Mapping[str, Any]]) -> int:
+        if self._key is None:
+            raise ConfigurationError(
+                f"DeltaWriter.{op} needs the table's key: pass `key=[...]` to DeltaSink (the "
+                "columns that identify a row), or use `insert`."
+            )
+        for row in data:
+            missing = [k for k in self._key if k not in row]
+            if missing:
+                raise ConfigurationError(
+                    f"A row given to DeltaWriter.{op} has no `{missing[0]}`, a column of the "
+                    f"key {list(self._key)}."
+                )
+            self.merged[tuple(row[k] for k in self._key)] = (op, row)
+        return len(data)
+
+
+class DeltaSink:
+    """Exactly-once writes into one Delta Lake table (local path, ``abfss://``, ...).
+
+    Args:
+        uri: The table's location; ``%SETTING%`` reads it (or part of it) from an app setting
+            when the sink opens, at the first run.
+        key: Columns that identify a row, for ``upsert``/``delete``/``apply`` (a ``MERGE``);
+            without it the writer only appends.
+        schema: A ``pyarrow.Schema`` to create the table with when it does not exist yet
+            (otherwise the table must exist).
+        storage_options: ``deltalake`` storage options (e.g. for ADLS); values may be
+            ``%SETTING%`` references, resolved when the sink opens and never logged.
+    """
+
+    def __init__(
+        self,
+        uri: str,
+        *,
+        key: str | Sequence[str] | None = None,
+        schema: Any = None,
+        storage_options: Mapping[str, str] | None = None,
+    ) -> None:
+        self.options = options.build(
+            options.DeltaSinkOptions,
+            uri=uri,
+            key=key,
+            storage_options=storage_options,
+        )
+        self._schema = schema
+        self._uri: str | None = None
+        self._storage: dict[str, str] | None = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"DeltaSink(uri={self.options.uri!r}, key={self.options.key!r})"
+
+    def describe(self) -> str:
+        return f"DeltaSink {self._uri or self.options.uri}"
+
+    # -- the TransactionalSink port ----------------------------------------------------------
+
+    def open(self, settings: Mapping[str, str]) -> None:
+        """Resolve settings; create the table from ``schema=`` if it does not exist."""
+        with self._lock:
+            if self._uri is not None:
+                return
+            try:
+                import deltalake
+            except ImportError as exc:
+                raise ConfigurationError(
+                    "DeltaSink needs the `delta` extra: add `afdb[delta]` to requirements.txt "
+                    "(it installs deltalake and pyarrow)."
+                ) from exc
+            where = "the DeltaSink"
+            uri = urls.resolve_settings(self.options.uri, settings, where)
+            storage = {
+                name: urls.resolve_settings(value, settings, where)
+                for name, value in self.options.storage_options.items()
+            }
+            with self._errors("open the table"):
+                if not deltalake.DeltaTable.is_deltatable(uri, storage_options=storage or None):
+                    if self._schema is None:
+                        raise ConfigurationError(
+                            f"There is no Delta table at `{self.options.uri}`: create it, or "
+                            "pass `schema=` (a pyarrow.Schema) to let the sink create it."
+                        )
+                    deltalake.DeltaTable.create(
+                        uri, self._schema, mode="ignore", storage_options=storage or None
+                    )
+            self._uri, self._storage = uri, storage
+            log_event(logger, logging.INFO, "sink_opened", sink=self.describe())
+
+    def claim(self, key: PollerKey, fence: int) -> SinkMark | None:
+        """Commit ``fence`` as the fence transaction's version; return the poller's mark."""
+        for _ in range(COMMIT_ATTEMPTS):
+            table = self._table()
+            mark = _mark(table, key)
+            if mark is not None and mark.fence > fence:
+                raise SinkFencedError(key.poller, key.namespace, fence, mark.fence)
+            if mark is not None and mark.fence == fence:
+                return mark
+            if self._commit(table, key, fence, None, {"afdb.claim": str(fence)}):
+                return mark
+        raise self._busy(key)
+
+    @contextmanager
+    def transaction(
+        self, key: PollerKey, batch: Batch, sequence: int
+    ) -> Iterator[DeltaWriter | None]:
+        """Yields the writer (``None`` if the table holds this batch); commits on exit."""
+        table = self._table()
+        seen = _mark(table, key)
+        _check_fence(key, batch, seen)
+        if seen is not None and seen.holds(batch, sequence):
+            yield None
+            return
+        writer = DeltaWriter(self.options.key)
+        yield writer
+        metadata = {
+            "afdb.app": batch_app(key),
+            "afdb.sequence": str(sequence),
+            "afdb.fence": str(batch.fence),
+            "afdb.before": _encode(batch.position_before),
+            "afdb.after": _encode(batch.position_after),
+            "afdb.rows": str(len(batch)),
+        }
+        for _ in range(COMMIT_ATTEMPTS):
+            mark = _mark(table, key)
+            _check_fence(key, batch, mark)
+            if mark is not None and mark.holds(batch, sequence):
+                return  # an earlier attempt landed although it reported a failure
+            if mark != seen:
+                raise SinkError(
+                    f"The Delta table's record of {key} changed while the batch ran, under the "
+                    "same fence: two processes share one lease. Nothing was committed.",
+                    poller=key.poller,
+                    namespace=key.namespace,
+                )
+            if self._commit(table, key, batch.fence, (sequence, writer), metadata):
+                return
+            table = self._table()
+        raise self._busy(key)
+
+    def mark(self, key: PollerKey) -> SinkMark | None:
+        return _mark(self._table(), key)
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _table(self) -> Any:
+        import deltalake
+
+        if self._uri is None:
+            raise SinkError(f"{self!r} is not open: the engine opens it before the first run.")
+        with self._errors("read the table"):
+            return deltalake.DeltaTable(self._uri, storage_options=self._storage or None)
+
+    def _commit(
+        self,
+        table: Any,
+        key: PollerKey,
+        fence: int,
+        batch: tuple[int, DeltaWriter] | None,
+        metadata: dict[str, str],
+    ) -> bool:
+        """One commit on top of ``table``'s version; ``False`` if another commit came first."""
+        import deltalake
+        from deltalake.exceptions import CommitFailedError
+
+        txns = [deltalake.Transaction(fence_app(key), fence)]
+        if batch is not None:
+            txns.append(deltalake.Transaction(batch_app(key), batch[0]))
+        props = deltalake.CommitProperties(
+            custom_metadata=metadata, app_transactions=txns, max_commit_retries=0
+        )
+        version = table.version()
+        try:
+            with self._errors("commit the batch"):
+                writer = batch[1] if batch is not None else None
+                appended = list(writer.appended) if writer is not None else []
+                if writer is not None and all(op == "insert" for op, _ in writer.merged.values()):
+                    appended += [row for _, row in writer.merged.values()]
+                elif writer is not None:
+                    self._merge(table, writer, props)
+                    return True
+                if appended:
+                    deltalake.write_deltalake(
+                        table, self._arrow(table, appended), mode="append", commit_properties=props
+                    )
+                else:
+                    table.create_write_transaction(
+                        [], mode="append", schema=table.schema(), commit_properties=props
+                    )
+        except SinkError as exc:
+            if not isinstance(exc.__cause__, CommitFailedError):
+                raise
+            if self._table().version() == version:
+                raise  # nobody else committed: a real failure, not a lost race
+            time.sleep(0.01)
+            return False
+        return True
+
+    def _merge(self, table: Any, writer: DeltaWriter, props: Any) -> None:
+        key = writer._key or ()
+        rows = [{**row, _OP: op} for op, row in writer.merged.values()]
+        columns = [name for name in _arrow_schema(table).names]
+        source = self._arrow(table, rows, extra=_OP)
+        quoted = {c: f"`{c}`" for c in columns}
+        predicate = " AND ".join(f"t.{quoted[k]} = s.{quoted[k]}" for k in key)
+        present = [c for c in columns if c in source.column_names]
+        values = {quoted[c]: f"s.{quoted[c]}" for c in present}
+        merger = table.merge(
+            source, predicate, source_alias="s", target_alias="t", commit_properties=props
+        )
+        merger = merger.when_matched_delete(predicate=f"s.{_OP} = 'delete'")
+        merger = merger.when_matched_update(
+            updates={quoted[c]: f"s.{quoted[c]}" for c in present if c not in key},
+            predicate=f"s.{_OP} <> 'delete'",
+        )
+        merger = merger.when_not_matched_insert(updates=values, predicate=f"s.{_OP} <> 'delete'")
+        merger.execute()
+
+    def _arrow(
+        self, table: Any, rows: Sequence[Mapping[str, Any]], extra: str | None = None
+    ) -> Any:
+        import pyarrow as pa
+
+        schema = _arrow_schema(table)
+        names = set(schema.names)
+        for row in rows:
+            unknown = sorted(set(row) - names - {extra})
+            if unknown:
+                raise ConfigurationError(
+                    f"The Delta table at `{self.options.uri}` has no column `{unknown[0]}`: "
+                    "write only its columns (select them from each change's data)."
+                )
+        fields = [f for f in schema if any(f.name in row for row in rows)] or list(schema)
+        if extra is not None:
+            fields.append(pa.field(extra, pa.string()))
+        return pa.Table.from_pylist([dict(r) for r in rows], schema=pa.schema(fields))
+
+    def _busy(self, key: PollerKey) -> TransientSinkError:
+        return TransientSinkError(
+            f"{self.describe()}: {COMMIT_ATTEMPTS} commits for {key} in a row lost the race to "
+            "other writers of the table; the batch was not committed and will be retried.",
+            poller=key.poller,
+            namespace=key.namespace,
+        )
+
+    @contextmanager
+    def _errors(self, action: str) -> Iterator[None]:
+        try:
+            yield
+        except (ConfigurationError, SinkError, SinkFencedError):
+            raise
+        except Exception as exc:
+            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            for secret in (self._storage or {}).values():
+                if secret:
+                    detail = detail.replace(secret, "***")
+            kind = TransientSinkError if isinstance(exc, OSError) else SinkError
+            raise kind(
+                f"DeltaSink could not {action} at `{self.options.uri}` "
+                f"({type(exc).__name__}): {detail[:500]}"
+            ) from exc
+
+
+def _arrow_schema(table: Any) -> Any:
+    import pyarrow as pa
+
+    return pa.schema(table.schema().to_arrow())
+
+
+def _check_fence(key: PollerKey, batch: Batch, mark: SinkMark | None) -> None:
+    if mark is not None and mark.fence > batch.fence:
+        raise SinkFencedError(key.poller, key.namespace, batch.fence, mark.fence)
+
+
+def _mark(table: Any, key: PollerKey) -> SinkMark | None:
+    """The poller's mark as the table's application transactions and history record it."""
+    fence = table.transaction_version(fence_app(key))
+    sequence = table.transaction_version(batch_app(key))
+    if fence is None and sequence is None:
+        return None
+    if sequence is None:
+        return SinkMark(fence=int(fence), sequence=0, before=None, after=None)
+    commit = _batch_commit(table, key, int(sequence))
+    return SinkMark(
+        fence=int(fence if fence is not None else commit.get("afdb.fence", 0)),
+        sequence=int(sequence),
+        before=_decode(commit.get("afdb.before")),
+        after=_decode(commit.get("afdb.after")),
+        rows=int(commit.get("afdb.rows", 0)),
+    )
+
+
+def _batch_commit(table: Any, key: PollerKey, sequence: int) -> dict[str, Any]:
+    app = batch_app(key)
+    for limit in HISTORY_WINDOW:
+        for commit in table.history(limit):
+            if commit.get("afdb.app") == app and commit.get("afdb.sequence") == str(sequence):
+                return dict(commit)
+    raise SinkError(
+        f"The Delta table records batch {sequence} of {key} (application transaction `{app}`) "
+        "but no commit in its history carries that batch's positions: the history was "
+        "vacuumed or rewritten. Move the checkpoint with `afdb seek` to where the table ends.",
+        poller=key.poller,
+        namespace=key.namespace,
+    )
+
+
+def _encode(position: Position | None) -> str:
+    return json.dumps(position.to_json() if position else None, sort_keys=True)
+
+
+def _decode(text: str | None) -> Position | None:
+    if text is None:
+        return None
+    data = json.loads(text)
+    return None if data is None else Position.from_json(data)
+
+
+def _rows(rows: Iterable[Mapping[str, Any] | Change]) -> list[Mapping[str, Any]]:
+    return [row.data if isinstance(row, Change) else row for row in rows]

@@ -1,0 +1,124 @@
+"""DeltaSink beyond its contract: writers of one table racing (the live poller and backfill
+chunks), a poller mirroring rows with MERGE, options and a missing table."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from azure_functions_db.core.batch import Batch
+from azure_functions_db.core.checkpoint import PollerKey
+from azure_functions_db.core.engine import Engine, PollerConfig
+from azure_functions_db.errors import ConfigurationError
+from azure_functions_db.sinks.delta import DeltaSink, DeltaWriter, batch_app
+from azure_functions_db.sources.memory import MemorySource
+from azure_functions_db.state.memory import MemoryStateStore
+from azure_functions_db.testing.clock import FakeClock
+from azure_functions_db.testing.sink_contract import contract_batch
+
+SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])
+
+
+def opened(path: Path, **options: Any) -> DeltaSink:
+    sink = DeltaSink(str(path), schema=SCHEMA, **options)
+    sink.open({})
+    return sink
+
+
+def test_writers_of_one_table_racing_all_land_once(tmp_path: Path) -> None:
+    """Four pollers (a live one and three backfill chunks) commit 15 batches each into one
+    table at once: every commit lands after retrying on top of the others, each once."""
+    errors: list[BaseException] = []
+
+    def writer(n: int) -> None:
+        sink = opened(tmp_path / "t")
+        key = PollerKey("backfill", f"orders~run~{n}")
+        try:
+            sink.claim(key, 1)
+            before = None
+            for b in range(15):
+                ids = [n * 1000 + b * 2, n * 1000 + b * 2 + 1]
+                batch = contract_batch(1, ids, before=before)
+                with sink.transaction(key, batch, b + 1) as w:
+                    assert w is not None
+                    w.insert(batch)
+                before = batch.position_after
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == []
+    table = DeltaTable(str(tmp_path / "t"))
+    ids = [r["id"] for r in table.to_pyarrow_table().to_pylist()]
+    assert sorted(ids) == sorted(n * 1000 + i for n in range(4) for i in range(30))
+    for n in range(4):
+        assert table.transaction_version(batch_app(PollerKey("backfill", f"orders~run~{n}"))) == 15
+
+
+def test_a_poller_mirrors_rows_and_soft_deletes_with_merge(tmp_path: Path) -> None:
+    rows = [{"id": i, "v": i, "name": f"n{i}", "gone": False} for i in range(1, 8)]
+    source = MemorySource("orders", "v", "id", rows)
+    sink = opened(tmp_path / "mirror", key=["id"])
+
+    def mirror(batch: Batch, writer: DeltaWriter) -> None:
+        row = [{"id": c.data["id"], "name": c.data["name"]} for c in batch]
+        writer.upsert([r for r, c in zip(row, batch, strict=True) if not c.data["gone"]])
+        writer.delete([r for r, c in zip(row, batch, strict=True) if c.data["gone"]])
+
+    store = MemoryStateStore(FakeClock())
+    config = PollerConfig(name="orders", batch_size=3)
+    Engine(config, source, store, mirror, FakeClock(), owner="a", sink=sink).run({})
+    source.insert(
+        [
+            {"id": 8, "v": 8, "name": "n8", "gone": False},
+            {"id": 3, "v": 9, "name": "", "gone": True},
+        ]
+    )
+    Engine(config, source, store, mirror, FakeClock(), owner="a", sink=sink).run({})
+    table = DeltaTable(str(tmp_path / "mirror"))
+    assert sorted(r["id"] for r in table.to_pyarrow_table().to_pylist()) == [1, 2, 4, 5, 6, 7, 8]
+    stored = store.read(config.key)
+    mark = sink.mark(config.key)
+    assert stored is not None
+    assert mark is not None
+    assert (mark.sequence, mark.after) == (
+        stored.checkpoint.stats.batches,
+        stored.checkpoint.position,
+    )
+
+
+def test_a_missing_table_without_a_schema_says_how_to_fix_it(tmp_path: Path) -> None:
+    sink = DeltaSink(str(tmp_path / "none"))
+    with pytest.raises(ConfigurationError, match=r"no Delta table at .*pass `schema=`"):
+        sink.open({})
+
+
+def test_merges_need_the_key(tmp_path: Path) -> None:
+    sink = opened(tmp_path / "t")
+    with pytest.raises(ConfigurationError, match=r"pass `key=\[...\]` to DeltaSink"):
+        DeltaWriter(None).upsert([{"id": 1, "name": "x"}])
+    assert sink.describe().endswith("/t")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"uri": ""}, "`uri=''` must be the table's location"),
+        ({"uri": "x", "key": []}, "`key=[]` must name the columns"),
+        ({"uri": "x", "key": ["id", "id"]}, "each once"),
+        ({"uri": "x", "storage_options": {"a": 1}}, "`storage_options` must map option names"),
+    ],
+)
+def test_bad_options_name_the_value_and_the_fix(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        DeltaSink(**options)
+    assert message in str(caught.value)
