@@ -146,11 +146,16 @@ class Azurite:
         return f"http://{HOST}:{self.table_port}/{ACCOUNT_NAME}"
 
     @property
+    def queue_endpoint(self) -> str:
+        return f"http://{HOST}:{self.queue_port}/{ACCOUNT_NAME}"
+
+    @property
     def connection_string(self) -> str:
-        """An explicit connection string for this instance's Blob and Table endpoints."""
+        """An explicit connection string for this instance's Blob, Queue and Table endpoints."""
         return (
             f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT_NAME};AccountKey={ACCOUNT_KEY};"
-            f"BlobEndpoint={self.blob_endpoint};TableEndpoint={self.table_endpoint};"
+            f"BlobEndpoint={self.blob_endpoint};QueueEndpoint={self.queue_endpoint};"
+            f"TableEndpoint={self.table_endpoint};"
         )
 
     # -- lifecycle ------------------------------------------------------------------------------

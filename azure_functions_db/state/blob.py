@@ -47,7 +47,7 @@ from azure_functions_db.errors import (
     StateStoreError,
 )
 from azure_functions_db.state import _common
-from azure_functions_db.state._azure import (
+from azure_functions_db.state.storage import (
     CLIENT_OPTIONS,
     DEFAULT_CONNECTION,
     creating_parent,

@@ -28,7 +28,8 @@ from azure_functions_db.core.checkpoint import Checkpoint, PollerKey, encode_che
 from azure_functions_db.core.ports import LeaseGrant, LeaseInfo, StoredCheckpoint
 from azure_functions_db.errors import CheckpointConflictError, ConfigurationError, RecordExistsError
 from azure_functions_db.state import _common
-from azure_functions_db.state._azure import (
+from azure_functions_db.state.blob import BlobStateStore
+from azure_functions_db.state.storage import (
     CLIENT_OPTIONS,
     DEFAULT_CONNECTION,
     creating_parent,
@@ -38,7 +39,6 @@ from azure_functions_db.state._azure import (
     translate_error,
     translated,
 )
-from azure_functions_db.state.blob import BlobStateStore
 
 T = TypeVar("T")
 

@@ -11,8 +11,8 @@ from azure.identity import DefaultAzureCredential, ManagedIdentityCredential
 
 import azure_functions_db as afdb
 from azure_functions_db.errors import ConfigurationError
-from azure_functions_db.state._azure import SDK_REQUEST_LOGGER, resolve_storage
 from azure_functions_db.state.blob import BlobStateStore
+from azure_functions_db.state.storage import SDK_REQUEST_LOGGER, resolve_storage
 from azure_functions_db.state.table import TableStateStore
 from devkit.azurite import Azurite
 from tests.support.sqlite_orders import Orders

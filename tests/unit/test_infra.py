@@ -30,8 +30,8 @@ from pycep import BicepParser
 
 from azure_functions_db.errors import ConfigurationError
 from azure_functions_db.sources.urls import PLACEHOLDER
-from azure_functions_db.state._azure import DEFAULT_CONNECTION, resolve_storage
 from azure_functions_db.state.blob import BlobStateStore
+from azure_functions_db.state.storage import DEFAULT_CONNECTION, resolve_storage
 
 ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"

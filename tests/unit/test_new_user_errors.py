@@ -33,8 +33,8 @@ from azure_functions_db.errors import (
     UnresolvedSettingError,
 )
 from azure_functions_db.runtime.poller import resolve_schedule
-from azure_functions_db.state._azure import resolve_storage
 from azure_functions_db.state.local import LocalStateStore
+from azure_functions_db.state.storage import resolve_storage
 from tests.support.sqlite_orders import Orders
 
 KEY_VAULT = "@Microsoft.KeyVault(SecretUri=https://kv-orders.vault.azure.net/secrets/db-url/)"

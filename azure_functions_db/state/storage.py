@@ -1,8 +1,10 @@
-"""Azure Storage connection settings, read the way the Functions host reads them.
+"""Azure Storage connection settings, read the way the Functions host reads them (shared by the
+Blob and Table stores and the queue sink).
 
 ``<NAME>`` (default ``AzureWebJobsStorage``) is either a connection string (including
 ``UseDevelopmentStorage=true`` for Azurite), or absent, in which case the identity-based form is
-used: ``<NAME>__blobServiceUri`` / ``<NAME>__tableServiceUri`` or ``<NAME>__accountName``, with
+used: ``<NAME>__blobServiceUri`` / ``__queueServiceUri`` / ``__tableServiceUri`` or
+``<NAME>__accountName``, with
 ``DefaultAzureCredential`` (``<NAME>__clientId`` selects a user-assigned managed identity;
 ``<NAME>__credential=managedidentity`` forces a managed identity).
 
@@ -54,6 +56,7 @@ class StorageTarget:
     table_url: str | None
     connection_string: str | None = None
     credential: Any = None
+    queue_url: str | None = None
 
     def __repr__(self) -> str:  # never show the connection string
         return f"StorageTarget(setting={self.setting!r}, account={self.account!r})"
@@ -93,7 +96,8 @@ def resolve_storage(settings: Mapping[str, str], setting: str) -> StorageTarget:
     account = (settings.get(f"{setting}__accountName") or "").strip()
     blob_url = (settings.get(f"{setting}__blobServiceUri") or "").strip() or None
     table_url = (settings.get(f"{setting}__tableServiceUri") or "").strip() or None
-    if not (account or blob_url or table_url):
+    queue_url = (settings.get(f"{setting}__queueServiceUri") or "").strip() or None
+    if not (account or blob_url or table_url or queue_url):
         raise ConfigurationError(
             f"App setting `{setting}` is not defined. Set it to a storage connection string "
             "(`UseDevelopmentStorage=true` for Azurite), or for managed identity set "
@@ -103,12 +107,14 @@ def resolve_storage(settings: Mapping[str, str], setting: str) -> StorageTarget:
     if account:
         blob_url = blob_url or f"https://{account}.blob.core.windows.net"
         table_url = table_url or f"https://{account}.table.core.windows.net"
+        queue_url = queue_url or f"https://{account}.queue.core.windows.net"
     return StorageTarget(
         setting=setting,
-        account=account or _account_from_url(blob_url or table_url or ""),
+        account=account or _account_from_url(blob_url or table_url or queue_url or ""),
         blob_url=blob_url,
         table_url=table_url,
         credential=_credential(settings, setting),
+        queue_url=queue_url,
     )
 
 
@@ -161,7 +167,11 @@ def error_code(exc: Exception) -> str | None:
 
 _BODY_CODE = re.compile(r'"code"\s*:\s*"(\w+)"|ErrorCode:(\w+)')
 
-_ROLES = {"Blob": "Storage Blob Data Contributor", "Table": "Storage Table Data Contributor"}
+_ROLES = {
+    "Blob": "Storage Blob Data Contributor",
+    "Table": "Storage Table Data Contributor",
+    "Queue": "Storage Queue Data Message Sender",
+}
 
 
 @contextmanager

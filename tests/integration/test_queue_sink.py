@@ -1,0 +1,124 @@
+"""QueueSink on Azurite: one message per change, `event_id` as the dedup key, at-least-once
+(a failed batch is sent again with the same ids), messages a Functions queue trigger decodes."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import uuid
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from azure.storage.queue import QueueClient
+
+from azure_functions_db.core.batch import Batch
+from azure_functions_db.core.engine import Engine, PollerConfig
+from azure_functions_db.core.position import Position
+from azure_functions_db.errors import ConfigurationError, HandlerError
+from azure_functions_db.sinks.queue import QueueSink
+from azure_functions_db.sources.memory import MemorySource
+from azure_functions_db.state.memory import MemoryStateStore
+from azure_functions_db.testing.clock import FakeClock
+from devkit.azurite import Azurite
+
+
+@pytest.fixture
+def queue_name() -> str:
+    return f"q-{uuid.uuid4().hex[:12]}"
+
+
+def received(azurite: Azurite, name: str) -> list[dict[str, Any]]:
+    client = QueueClient.from_connection_string(azurite.connection_string, name)
+    bodies = []
+    with client:
+        while batch := list(client.receive_messages(messages_per_page=32, max_messages=32)):
+            for message in batch:
+                bodies.append(json.loads(base64.b64decode(message.content)))
+                client.delete_message(message)
+    return bodies
+
+
+def test_a_poller_sends_one_message_per_change_and_a_failed_batch_again(
+    azurite: Azurite, queue_name: str
+) -> None:
+    settings = {"AzureWebJobsStorage": azurite.connection_string}
+    rows = [
+        {
+            "id": i,
+            "v": i,
+            "at": dt.datetime(2026, 1, 1, 12, i, tzinfo=dt.UTC),
+            "amount": Decimal("1.10"),
+            "blob": b"\x00\xff",
+        }
+        for i in range(1, 6)
+    ]
+    source = MemorySource("orders", "v", "id", rows)
+    sink = QueueSink(queue_name)
+    failures = [True]
+
+    def forward(batch: Batch) -> None:
+        sink.send(batch, settings)
+        if failures:
+            failures.pop()
+            raise RuntimeError("after sending: the checkpoint commit will not happen")
+
+    store = MemoryStateStore(FakeClock())
+    engine = Engine(
+        PollerConfig(name="orders", batch_size=3), source, store, forward, FakeClock(), owner="a"
+    )
+    with pytest.raises(HandlerError):
+        engine.run(settings)
+    engine.run(settings)
+    bodies = received(azurite, queue_name)
+    ids = [b["data"]["id"] for b in bodies]
+    assert ids == [1, 2, 3, 1, 2, 3, 4, 5]  # the failed batch again: at-least-once
+    by_row: dict[int, set[str]] = {}
+    for body in bodies:
+        by_row.setdefault(body["data"]["id"], set()).add(body["event_id"])
+    assert all(len(events) == 1 for events in by_row.values())  # the dedup key is stable
+    first = bodies[0]
+    assert first["poller"] == "orders"
+    assert first["op"] == "upsert"
+    assert first["data"]["at"] == "2026-01-01T12:01:00+00:00"
+    assert first["data"]["amount"] == "1.10"
+    assert base64.b64decode(first["data"]["blob"]) == b"\x00\xff"
+    assert Position.from_json(first["position"]) == Position((1,), (1,))
+    sink.close()
+
+
+def test_unencoded_messages_are_plain_json(azurite: Azurite, queue_name: str) -> None:
+    settings = {"AzureWebJobsStorage": azurite.connection_string}
+    source = MemorySource("orders", "v", "id", [{"id": 1, "v": 1}])
+    sink = QueueSink(queue_name, message_encoding="none")
+
+    def forward(batch: Batch) -> None:
+        sink.send(batch, settings)
+
+    store = MemoryStateStore(FakeClock())
+    Engine(PollerConfig(name="orders"), source, store, forward, FakeClock(), owner="a").run({})
+    client = QueueClient.from_connection_string(azurite.connection_string, queue_name)
+    with client:
+        message = next(iter(client.receive_messages()))
+    assert json.loads(message.content)["data"] == {"id": 1, "v": 1}
+    sink.close()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"queue": "Orders"}, "`queue='Orders'` is not a valid queue name"),
+        ({"queue": "a--b"}, "single hyphens"),
+        ({"queue": "orders", "message_encoding": "utf8"}, "`message_encoding='utf8'`"),
+    ],
+)
+def test_bad_options_name_the_value_and_the_fix(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        QueueSink(**options)
+    assert message in str(caught.value)
+
+
+def test_a_missing_connection_setting_names_it() -> None:
+    with pytest.raises(ConfigurationError, match="`AzureWebJobsStorage` is not defined"):
+        QueueSink("orders-out").send([], {})
