@@ -52,6 +52,7 @@ from azure_functions_db.errors import (
 )
 from azure_functions_db.functions.blueprint import PollerBlueprint
 from azure_functions_db.functions.retry import FunctionsRetry
+from azure_functions_db.sinks.bindings import SqlInput, SqlOutput
 from azure_functions_db.sinks.sql import SqlSink
 from azure_functions_db.sinks.writes import SqlWriter
 from azure_functions_db.sources.outbox import OutboxSource
@@ -107,6 +108,8 @@ __all__ = [
     "SinkFencedError",
     "SourceDefinitionError",
     "SourceError",
+    "SqlInput",
+    "SqlOutput",
     "SqlSink",
     "SqlSource",
     "SqlWriter",

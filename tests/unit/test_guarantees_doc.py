@@ -62,7 +62,7 @@ def test_the_checker_can_fail():
 
 def test_every_sink_has_a_row_in_the_delivery_tiers_table():
     """A sink the package offers cannot ship without its stated guarantee and its proof."""
-    from azure_functions_db.sinks import delta, memory, queue, sql
+    from azure_functions_db.sinks import bindings, delta, memory, queue, sql
 
     section = DOC.read_text().split("## Sinks (delivery tiers)", 1)[1].split("\n## ", 1)[0]
     rows = {
@@ -72,13 +72,13 @@ def test_every_sink_has_a_row_in_the_delivery_tiers_table():
     }
     sinks = [
         name
-        for module in (sql, memory, delta, queue)
+        for module in (sql, memory, delta, queue, bindings)
         for name, value in vars(module).items()
         if isinstance(value, type)
         and value.__module__ == module.__name__
-        and (hasattr(value, "transaction") or hasattr(value, "send"))
+        and name.endswith(("Sink", "Output"))
     ]
-    assert sorted(sinks) == ["DeltaSink", "MemorySink", "QueueSink", "SqlSink"]
+    assert sorted(sinks) == ["DeltaSink", "MemorySink", "QueueSink", "SqlOutput", "SqlSink"]
     for name in sinks:
         assert name in rows, f"{name} has no row in the delivery tiers table"
         assert NODE_ID.search(rows[name]), f"{name}'s row names no test"
