@@ -3,11 +3,15 @@
 One poller, ``soak``, on the writers' table (cursor ``updated_at``, stamped ``now()`` at the
 start of each writer transaction, so late commits land below rows already delivered), with its
 lease and checkpoint on Azurite, a 1-second schedule and a 15-second lease (Azure's shortest).
+It writes every batch through a ``SqlSink`` into ``<table>_applied`` in the server's
+``postgres`` database (one row per delivered version), which the checker judges for
+exactly-once.
 The handler logs the fence and time it started under, then every (id, version) of the batch, with
 fsync, before it returns; sometimes it works slowly, freezes past its lease or fails. Once the
 driver creates the drain flag it does none of that, so the drain is quick.
 
-Environment (set by ``soak.run``): ``AzureWebJobsStorage``, ``SOAK_DB_URL``, ``SOAK_TABLE``,
+Environment (set by ``soak.run``): ``AzureWebJobsStorage``, ``SOAK_DB_URL``, ``SOAK_SINK_URL``,
+``SOAK_TABLE``,
 ``SOAK_CONTAINER``, ``SOAK_EVENTS`` (folder), ``SOAK_DRAIN`` (flag file), ``SOAK_SEED``,
 ``SOAK_CONTROL`` (``1``: no late-commit horizon; the soak must then report lost rows),
 ``SOAK_CALM`` (``1``: the handler never fails, freezes or dawdles).
@@ -40,6 +44,7 @@ WORK = (0.02, 0.1)
 
 
 capture_engine_events(EVENTS.write)
+APPLIED = f"{ENV['SOAK_TABLE']}_applied"
 
 db = afdb.PollerBlueprint()
 
@@ -59,11 +64,19 @@ def _position(position: afdb.Position | None) -> list[Any] | None:
         horizon="none" if CONTROL else "auto",
     ),
     state=afdb.BlobStateStore(container=ENV["SOAK_CONTAINER"]),
+    sink=afdb.SqlSink(url="%SOAK_SINK_URL%", position_table=f"{ENV['SOAK_TABLE']}_positions"),
     batch_size=100,
     time_budget=30,
     lease_duration=LEASE_SECONDS,
 )
-def on_changes(batch: afdb.Batch) -> None:
+def on_changes(batch: afdb.Batch, sink: afdb.SqlWriter) -> None:
+    sink.insert(
+        APPLIED,
+        [
+            {"id": c.pk, "version": c.data["version"], "fence": batch.fence, "pid": os.getpid()}
+            for c in batch
+        ],
+    )
     started = EVENTS.write("start", fence=batch.fence, attempt=batch.attempt, rows=len(batch))
     if not CALM and not DRAIN.exists():
         draw = _rng.random()

@@ -16,6 +16,10 @@ Violations (any one fails the soak):
     ``stale_commits`` (a violation) counts such calls whose batch was committed anyway.
 (e) ``phantoms``: a delivered (id, version) that no writer committed (rolled back, aborted, or a
     COMMIT with an unknown outcome that the history table shows did not commit).
+(f) the ``SqlSink``: a (id, version) the handlers' sink transactions committed twice
+    (``sink_duplicates``), or a committed (id, version) of which neither that version nor a
+    later one of its id reached the sink (``sink_missing``): the sink must hold each delivered
+    version exactly once, through every fault.
 ``harness``: the evidence contradicts itself (a COMMIT the writer saw return is not in the history
     table, or the drain did not finish): the run proves nothing.
 
@@ -37,7 +41,7 @@ import json
 import math
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,6 +88,11 @@ class Report:
     delay_p50: float | None = None
     delay_p99: float | None = None
     poller_exits: int = 0
+    sink_rows: int | None = None
+    sink_missing: int = 0
+    sink_missing_examples: list[Pair] = field(default_factory=list)
+    sink_duplicates: int = 0
+    sink_duplicate_examples: list[Pair] = field(default_factory=list)
 
     @property
     def violations(self) -> list[str]:
@@ -98,6 +107,10 @@ class Report:
             found.append(f"(c) {self.stale_commits} batch(es) committed after the lease was lost")
         if self.phantoms:
             found.append(f"(e) {self.phantoms} delivered version(s) that no writer committed")
+        if self.sink_duplicates:
+            found.append(f"(f) {self.sink_duplicates} version(s) written to the sink twice")
+        if self.sink_missing:
+            found.append(f"(f) {self.sink_missing} committed version(s) the sink never got")
         found.extend(f"harness: {h}" for h in self.harness)
         return found
 
@@ -111,8 +124,8 @@ class Report:
             [
                 "| Command | Duration | Faults | Committed versions | Missing | Regressions "
                 "| Stale-fence calls | Phantoms | Duplicates | Longest standstill "
-                "| COMMIT to delivery p50 / p99 |",
-                "|---|---|---|---|---|---|---|---|---|---|---|",
+                "| COMMIT to delivery p50 / p99 | SqlSink |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|",
                 f"| `{command}` | {self.seconds:.0f} s | {sum(self.faults.values())}: {faults} "
                 f"| {self.committed} ({self.unknown_commits} unknown COMMITs) | {self.missing} "
                 f"| {len(self.regressions)} | {self.stale_calls} "
@@ -121,8 +134,18 @@ class Report:
                 f"| {self.phantoms} "
                 f"| {self.delivered - self.distinct_delivered} "
                 f"(ratio {self.duplicate_ratio:.4f}) | {self.longest_standstill:.1f} s "
-                f"| {self.delay_p50 or 0:.2f} s / {self.delay_p99 or 0:.2f} s |",
+                f"| {self.delay_p50 or 0:.2f} s / {self.delay_p99 or 0:.2f} s "
+                f"| {self._sink_line()} |",
             ]
+        )
+
+    def _sink_line(self) -> str:
+        if self.sink_rows is None:
+            return "not recorded"
+        return (
+            f"{self.sink_rows} row(s); duplicates {self.sink_duplicates} "
+            f"{self.sink_duplicate_examples[:3] or ''}, missing {self.sink_missing} "
+            f"{self.sink_missing_examples[:3] or ''}"
         )
 
     def summary(self) -> str:
@@ -148,6 +171,7 @@ class Report:
             f"    lease dropped  {self.stale_after_lease_dropped} call(s) after Azurite forgot a "
             f"live lease on restart (fence rejected them; stale commits: {self.stale_commits})",
             f"(e) phantoms       {self.phantoms} {self.phantom_examples[:3] or ''}",
+            f"(f) SqlSink        {self._sink_line()}",
             f"monitor samples    {self.samples} ({self.sample_errors} failed reads)",
             f"longest standstill {secs(self.longest_standstill)} with committed rows waiting",
             f"commit->delivery   p50 {secs(self.delay_p50)}, p99 {secs(self.delay_p99)}",
@@ -217,7 +241,25 @@ def check(folder: Path) -> Report:
     ]
     _stale_calls(handlers, restarts, report)
     _liveness(commits, handlers, good, set(missing), report)
+    _sink(folder, commits, report)
     return report
+
+
+def _sink(folder: Path, commits: Mapping[Pair, float], report: Report) -> None:
+    """(f) the SqlSink holds every committed version (or a later one of its id) exactly once."""
+    path = folder / "sink.json"
+    if not path.exists():
+        return
+    rows = [(int(r[0]), int(r[1])) for r in json.loads(path.read_text())]
+    report.sink_rows = len(rows)
+    counts = Counter(rows)
+    twice = sorted(p for p, n in counts.items() if n > 1)
+    report.sink_duplicates, report.sink_duplicate_examples = len(twice), twice[:EXAMPLES]
+    newest: dict[int, int] = {}
+    for row, version in counts:
+        newest[row] = max(version, newest.get(row, -1))
+    lost = sorted(p for p in commits if newest.get(p[0], -1) < p[1])
+    report.sink_missing, report.sink_missing_examples = len(lost), lost[:EXAMPLES]
 
 
 def _commits(

@@ -33,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -144,6 +145,16 @@ class Soak:
     def admin(self) -> psycopg.Connection[Any]:
         return psycopg.connect(self.o.pg, autocommit=True, application_name="soak-driver")
 
+    @property
+    def sink_pg(self) -> str:
+        """The sink's database: ``postgres`` on the same server, so a handler's open sink
+        transaction never holds the source's horizon (it counts only its own database)."""
+        parts = urllib.parse.urlsplit(self.o.pg)
+        return urllib.parse.urlunsplit(parts._replace(path="/postgres"))
+
+    def sink_admin(self) -> psycopg.Connection[Any]:
+        return psycopg.connect(self.sink_pg, autocommit=True, application_name="soak-driver")
+
     def create_tables(self) -> None:
         with self.admin() as conn:
             conn.execute(
@@ -177,8 +188,20 @@ class Soak:
                     "DEFERRED FOR EACH ROW WHEN (NEW.slow) EXECUTE FUNCTION {f}()"
                 ).format(f=slow, h=history)
             )
+        # What the handler writes through the SqlSink: one row per delivered version, no
+        # unique key, so a batch applied twice shows as duplicates and a lost one as missing.
+        with self.sink_admin() as conn:
+            conn.execute(
+                sql.SQL(
+                    "CREATE TABLE {a} (n bigserial PRIMARY KEY, id bigint NOT NULL, "
+                    "version bigint NOT NULL, fence bigint NOT NULL, pid int NOT NULL)"
+                ).format(a=sql.Identifier(f"{self.table}_applied"))
+            )
 
     def drop_tables(self) -> None:
+        with self.sink_admin() as conn:
+            for name in (f"{self.table}_applied", f"{self.table}_positions"):
+                conn.execute(sql.SQL("DROP TABLE IF EXISTS {t}").format(t=sql.Identifier(name)))
         with self.admin() as conn:
             for name in (self.table, f"{self.table}_history"):
                 conn.execute(sql.SQL("DROP TABLE IF EXISTS {t}").format(t=sql.Identifier(name)))
@@ -196,6 +219,10 @@ class Soak:
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
             "AzureWebJobsStorage": self.azurite.connection_string,
             "SOAK_DB_URL": f"{poller_url}{joiner}application_name={self.table}-poller",
+            # The pollers' sink sessions share their application name: terminate_pollers cuts
+            # them too, sometimes between a sink COMMIT and its answer.
+            "SOAK_SINK_URL": self.sink_pg.replace("postgresql://", "postgresql+psycopg://", 1)
+            + f"{'&' if '?' in self.sink_pg else '?'}application_name={self.table}-poller",
             "SOAK_PG": self.o.pg,
             "SOAK_TABLE": self.table,
             "SOAK_CONTAINER": CONTAINER,
@@ -391,6 +418,7 @@ class Soak:
                 writer.wait()
             monitor.join(timeout=10)
             self.dump_history()
+            self.dump_sink()
             self.write_meta()
             self.drop_tables()
             self.azurite.stop()
@@ -467,6 +495,21 @@ class Soak:
             self.harness.append(f"cannot read the history table: {exc}")
             rows = []
         (self.out / "history.json").write_text(json.dumps([list(r) for r in rows]))
+
+    def dump_sink(self) -> None:
+        """What the SqlSink holds: every (id, version, fence) the handlers' transactions
+        committed, for the checker's exactly-once judgement."""
+        try:
+            with self.sink_admin() as conn:
+                rows = conn.execute(
+                    sql.SQL("SELECT id, version, fence FROM {a} ORDER BY n").format(
+                        a=sql.Identifier(f"{self.table}_applied")
+                    )
+                ).fetchall()
+        except psycopg.Error as exc:
+            self.harness.append(f"cannot read the sink table: {exc}")
+            return
+        (self.out / "sink.json").write_text(json.dumps([list(r) for r in rows]))
 
     def write_meta(self) -> None:
         meta = {

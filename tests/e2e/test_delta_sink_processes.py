@@ -19,6 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from azure_functions_db.core.checkpoint import PollerKey
 from azure_functions_db.state.local import LocalStateStore
@@ -88,29 +89,29 @@ def orders(tmp_path: Path) -> Orders:
     table.close()
 
 
-def run(tmp_path: Path, orders: Orders, **env: str) -> subprocess.Popen[bytes]:
+def run(
+    tmp_path: Path, orders: Orders, log: Path | None = None, **env: str
+) -> subprocess.Popen[bytes]:
+    """Start one ``afdb run --once``; its output goes to a pipe, or appended to ``log``."""
     (tmp_path / "function_app.py").write_text(APP)
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "azure_functions_db",
-            "run",
-            str(tmp_path / "function_app.py"),
-            "--once",
-        ],
-        env={
-            **os.environ,
-            "SINK_DB": orders.url,
-            "SINK_LAKE": str(tmp_path / "lake" / "applied"),
-            "SINK_STATE": str(tmp_path / "state"),
-            "SINK_READY": str(tmp_path / "ready"),
-            "SINK_GO": str(tmp_path / "go"),
-            **env,
-        },
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    command = [sys.executable, "-m", "azure_functions_db", "run", str(tmp_path / "function_app.py")]
+    environment = {
+        **os.environ,
+        "SINK_DB": orders.url,
+        "SINK_LAKE": str(tmp_path / "lake" / "applied"),
+        "SINK_STATE": str(tmp_path / "state"),
+        "SINK_READY": str(tmp_path / "ready"),
+        "SINK_GO": str(tmp_path / "go"),
+        **env,
+    }
+    if log is None:
+        return subprocess.Popen(
+            [*command, "--once"], env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+    with log.open("ab") as output:  # the child keeps its own descriptor
+        return subprocess.Popen(
+            [*command, "--once"], env=environment, stdout=output, stderr=subprocess.STDOUT
+        )
 
 
 def finish(proc: subprocess.Popen[bytes], timeout: float = 120) -> tuple[int, str]:
@@ -181,3 +182,45 @@ def test_a_stale_owner_resumed_after_its_lease_was_taken_commits_nothing_to_delt
     assert [pid for *_, pid in rows if pid == stale.pid] == []
     counts = Counter((order_id, version) for order_id, version, _ in rows)
     assert counts == Counter({(i, 1): 1 for i in range(1, ROWS + 1)})
+
+
+def test_owners_racing_and_killed_at_random_still_write_each_version_once_to_delta(
+    tmp_path: Path, orders: Orders
+) -> None:
+    """Three processes run the poller over and over at once while new versions are written;
+    the test SIGKILLs one at a random moment. The Delta table holds each version once."""
+    import random
+
+    rng = random.Random(20261125)
+    deadline = time.monotonic() + 12
+    procs: list[subprocess.Popen[bytes]] = []
+    kills = 0
+    stamp = T0 + 3600 * SECOND
+    while time.monotonic() < deadline:
+        procs = [p for p in procs if p.poll() is None]
+        while len(procs) < 3:
+            procs.append(run(tmp_path, orders, tmp_path / "owners.log", SINK_BATCH="4"))
+        stamp += SECOND
+        with orders.engine.begin() as conn:
+            conn.execute(
+                orders.table.update()
+                .where(orders.table.c.id == rng.randint(1, ROWS))
+                .values(note=sa.cast(orders.table.c.note, sa.Integer) + 1, updated_at=stamp)
+            )
+        time.sleep(rng.uniform(0.05, 0.3))
+        if rng.random() < 0.3:
+            rng.choice(procs).kill()
+            kills += 1
+    for proc in procs:
+        proc.wait(120)
+    last = run(tmp_path, orders)
+    code, out = finish(last)
+    assert code == 0, out
+    rows = applied(tmp_path)
+    assert len({pid for *_, pid in rows if pid != last.pid}) >= 2, "the owners never raced"
+    counts = Counter((order_id, version) for order_id, version, _ in rows)
+    assert {k: n for k, n in counts.items() if n > 1} == {}
+    with orders.engine.connect() as conn:
+        final = {(r.id, int(r.note)) for r in conn.execute(sa.select(orders.table))}
+    assert final <= set(counts), "a final version never reached the table"
+    assert kills > 0

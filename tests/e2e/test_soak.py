@@ -218,3 +218,18 @@ def test_control_mode_loses_rows_and_the_soak_says_so(pg_url: str, tmp_path: Pat
     assert "(a)" in done.stderr
     assert "seed 5" in done.stderr
     assert str(out) in done.stderr
+
+
+def test_the_sqlsink_must_hold_each_committed_version_once(ev: Evidence) -> None:
+    ev.deliver(2.5, 1, (1, 3), (2, 2))
+    ev.deliver(3.0, 1, (2, 2))  # a redelivery the sink must not apply twice
+    (ev.root / "sink.json").write_text(json.dumps([[1, 1, 1], [1, 3, 1], [2, 2, 1]]))
+    assert ev.judge().violations == []
+    (ev.root / "sink.json").write_text(json.dumps([[1, 3, 1], [2, 2, 1], [2, 2, 2]]))
+    twice = ev.judge()
+    assert (twice.sink_duplicates, twice.sink_duplicate_examples) == (1, [(2, 2)])
+    assert any(v.startswith("(f)") for v in twice.violations)
+    (ev.root / "sink.json").write_text(json.dumps([[1, 1, 1], [2, 2, 1]]))
+    lost = ev.judge()
+    assert (lost.sink_missing, lost.sink_missing_examples) == (1, [(1, 3)])
+    assert "SqlSink" in lost.markdown("make soak")
