@@ -50,6 +50,7 @@ from azure_functions_db.errors import (
     PositionRegressionError,
     SinkFencedError,
     SourceDefinitionError,
+    TransientSinkError,
     TransientStoreError,
 )
 
@@ -313,6 +314,18 @@ class Engine:
             self._invoke(batch, claim)
         except SinkFencedError:
             raise  # another owner claimed the poller: its attempt, not a failure of this batch
+        except TransientSinkError as exc:
+            # The sink's connection or commit failed (the batch was rolled back, or its commit
+            # landed unanswered, which the next run's catch-up finds): infrastructure, not the
+            # batch, so it does not count toward poison.
+            self._log(
+                logging.WARNING,
+                "sink_unavailable",
+                fence=batch.fence,
+                rows=len(batch),
+                error=f"{type(exc).__name__}: {exc}",
+            )
+            raise
         except BaseException as exc:
             # Any way out of the handler but a normal return is a failed attempt, counted and
             # logged: CancelledError too, and a Ctrl-C or sys.exit() before it ends the process.

@@ -172,3 +172,23 @@ def test_an_async_handler_writes_through_the_sink(clock: FakeClock, sink: Memory
 
     engine(source, MemoryStateStore(clock), sink, clock, handler).run({})
     assert len(sink.rows("copy")) == 4
+
+
+def test_a_sink_that_cannot_commit_is_not_counted_toward_poison(
+    clock: FakeClock, sink: MemorySink, caplog: pytest.LogCaptureFixture
+) -> None:
+    from azure_functions_db.errors import TransientSinkError
+
+    source = MemorySource("orders", "v", "id", rows(2))
+    store = MemoryStateStore(clock)
+
+    def handler(batch: Batch, writer: MemoryWriter) -> None:
+        raise TransientSinkError("SqlSink could not write the batch: connection lost")
+
+    for _ in range(CONFIG.max_attempts + 1):
+        with caplog.at_level(logging.WARNING), pytest.raises(TransientSinkError):
+            engine(source, store, sink, clock, handler).run({})
+    stored = store.read(CONFIG.key)
+    assert stored is not None
+    assert stored.checkpoint.attempts == 0
+    assert "action=sink_unavailable" in caplog.text
