@@ -29,7 +29,6 @@ from azure_functions_db.core.ports import (
     ChangeSource,
     Horizon,
     LeaseGrant,
-    SinkMark,
     Source,
     SourceRow,
     StateStore,
@@ -37,6 +36,7 @@ from azure_functions_db.core.ports import (
 )
 from azure_functions_db.core.position import Position
 from azure_functions_db.core.retry import Retrying
+from azure_functions_db.core.sink_catch_up import catch_up_with_sink
 from azure_functions_db.core.source_change import (
     COLUMNS_CHANGED_NOTE,
     FILTER_CHANGED_NOTE,
@@ -392,74 +392,24 @@ class Engine:
             check_result(result, self.handler, awaited=False)
 
     def _catch_up_with_sink(self, claim: Claim) -> None:
-        """Fence the sink, then take the later of its position and the checkpoint's.
-
-        A mark exactly one batch ahead of the checkpoint (its sequence is the next one, and its
-        batch was read after the checkpoint's position) is a batch whose sink commit landed and
-        whose checkpoint commit did not: the checkpoint moves to its end, so the batch is
-        neither lost nor written again. Position equality here compares two copies of one
-        position the database returned, never an order.
-        """
         if self.sink is None:
             return
-        cfg, cp = self.config, claim.checkpoint
-        mark: SinkMark | None = self._retrying(self.sink.claim, cfg.key, claim.fence)
-        if mark is None or mark.after is None or mark.sequence <= cp.stats.batches:
-            return
-        if mark.sequence == cp.stats.batches + 1 and mark.before == cp.position:
-            try:
-                new = cp.advanced(
-                    mark.after,
-                    fence=claim.fence,
-                    at=self.clock.now(),
-                    rows=mark.rows,
-                    source=self.source.description,
-                    read_after=mark.before,
-                )
-            except PositionNotForwardError as exc:
-                raise PositionRegressionError(
-                    cfg.key.poller, str(exc.stored), str(exc.proposed), cfg.namespace
-                ) from exc
-            claim.write(new)
-            self._log(
-                logging.WARNING,
-                "checkpoint_caught_up_with_sink",
-                fence=claim.fence,
-                rows=mark.rows,
-                sequence=mark.sequence,
-                position=mark.after,
-                note="the sink had committed this batch; the checkpoint commit had not landed",
-            )
-            return
-        # The sink is further ahead than one batch (or its batch started elsewhere): the
-        # checkpoint was reset, moved by `afdb seek`, or belongs to another state store.
-        self._log(
-            logging.WARNING,
-            "sink_ahead_of_checkpoint",
-            fence=claim.fence,
-            sink_sequence=mark.sequence,
-            checkpoint_sequence=cp.stats.batches,
-            sink_position=mark.after,
-            position=cp.position,
-            note="batches after the checkpoint are written to the sink again",
+        catch_up_with_sink(
+            self.sink,
+            claim,
+            self.config.key,
+            retrying=self._retrying,
+            advanced=lambda position, rows, before: self._advanced(
+                claim, position, rows, read_after=before
+            ),
+            log=self._log,
         )
 
     def _commit(self, batch: Batch, claim: Claim) -> None:
-        cfg = self.config
         claim.keeper.ensure_held()
-        try:
-            new = claim.checkpoint.advanced(
-                batch.position_after,
-                fence=batch.fence,
-                at=self.clock.now(),
-                rows=len(batch),
-                source=self.source.description,
-                read_after=batch.position_before,
-            )
-        except PositionNotForwardError as exc:
-            raise PositionRegressionError(
-                cfg.key.poller, str(exc.stored), str(exc.proposed), cfg.namespace
-            ) from exc
+        new = self._advanced(
+            claim, batch.position_after, len(batch), read_after=batch.position_before
+        )
         try:
             claim.write(new)
         except CheckpointConflictError:
@@ -477,6 +427,26 @@ class Engine:
             attempt=batch.attempt,
             position=new.position,
         )
+
+    def _advanced(
+        self, claim: Claim, position: Position, rows: int, *, read_after: Position | None
+    ) -> Checkpoint:
+        """The claim's record moved to ``position`` by a batch of ``rows`` read after
+        ``read_after`` (the only-forward and fence rules of :meth:`Checkpoint.advanced`)."""
+        cfg = self.config
+        try:
+            return claim.checkpoint.advanced(
+                position,
+                fence=claim.fence,
+                at=self.clock.now(),
+                rows=rows,
+                source=self.source.description,
+                read_after=read_after,
+            )
+        except PositionNotForwardError as exc:
+            raise PositionRegressionError(
+                cfg.key.poller, str(exc.stored), str(exc.proposed), cfg.namespace
+            ) from exc
 
     def _acknowledge(self, rows: Sequence[SourceRow], batch: Batch) -> None:
         """After the commit: let a source act on the acknowledged rows (an outbox deletes them).

@@ -23,8 +23,8 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
 from azure_functions_db.core.batch import Change
-from azure_functions_db.errors import ConfigurationError, SinkError, TransientSinkError
-from azure_functions_db.sinks.writes import SqlWriter
+from azure_functions_db.errors import ConfigurationError, SinkError
+from azure_functions_db.sinks.writes import SqlWriter, sink_error
 from azure_functions_db.sources import engines, urls
 
 
@@ -96,16 +96,8 @@ class _Binding:
         return table
 
     def _translate(self, exc: sa_exc.SQLAlchemyError, action: str, scrub: Any) -> SinkError:
-        cause: BaseException = getattr(exc, "orig", None) or exc
-        detail = scrub(str(cause).strip().splitlines()[0] if str(cause).strip() else "")
-        transient = isinstance(
-            exc, sa_exc.OperationalError | sa_exc.DisconnectionError | sa_exc.TimeoutError
-        ) or (isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated)
-        kind = TransientSinkError if transient else SinkError
-        return kind(
-            f"{type(self).__name__} could not {action} at `{self._masked}` "
-            f"({type(cause).__name__}): {detail[:500]}"
-        )
+        what = f"{type(self).__name__} could not {action} at `{self._masked}`"
+        return sink_error(exc, what, scrub)
 
 
 class SqlOutput(_Binding):

@@ -36,10 +36,9 @@ from azure_functions_db.errors import (
     ConfigurationError,
     SinkError,
     SinkFencedError,
-    TransientSinkError,
 )
 from azure_functions_db.sinks import options
-from azure_functions_db.sinks.writes import SqlWriter, check_transactional
+from azure_functions_db.sinks.writes import SqlWriter, check_transactional, sink_error
 from azure_functions_db.sources import engines, urls
 
 logger = logging.getLogger(__name__)
@@ -283,16 +282,8 @@ class SqlSink:
         try:
             yield
         except sa_exc.SQLAlchemyError as exc:
-            cause: BaseException = getattr(exc, "orig", None) or exc
-            detail = self._scrub(str(cause).strip().splitlines()[0] if str(cause).strip() else "")
-            transient = isinstance(
-                exc, sa_exc.OperationalError | sa_exc.DisconnectionError | sa_exc.TimeoutError
-            ) or (isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated)
-            kind = TransientSinkError if transient else SinkError
-            raise kind(
-                f"SqlSink could not {action} at `{self._masked}` ({type(cause).__name__}): "
-                f"{detail[:500]}"
-            ) from exc
+            what = f"SqlSink could not {action} at `{self._masked}`"
+            raise sink_error(exc, what, self._scrub) from exc
 
 
 def _position_table(name: str, schema: str | None) -> sa.Table:

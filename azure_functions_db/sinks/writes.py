@@ -11,14 +11,28 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 
 from azure_functions_db.core.batch import Change
-from azure_functions_db.errors import ConfigurationError
+from azure_functions_db.errors import ConfigurationError, SinkError, TransientSinkError
 
 Rows = Iterable[Mapping[str, Any] | Change]
 #: MySQL/MariaDB storage engines that roll back (any other one ignores transactions).
 TRANSACTIONAL_ENGINES = frozenset({"innodb", "rocksdb", "tokudb"})
+
+
+def sink_error(exc: sa_exc.SQLAlchemyError, what: str, scrub: Callable[[str], str]) -> SinkError:
+    """The sink error for a driver error: ``TransientSinkError`` for what a retry may fix (a
+    dropped connection, a timeout), ``SinkError`` otherwise; ``what`` says who failed doing what
+    where, and the driver's first line passes through ``scrub`` (no secret in a message)."""
+    cause: BaseException = getattr(exc, "orig", None) or exc
+    detail = scrub(str(cause).strip().splitlines()[0] if str(cause).strip() else "")
+    transient = isinstance(
+        exc, sa_exc.OperationalError | sa_exc.DisconnectionError | sa_exc.TimeoutError
+    ) or (isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated)
+    kind = TransientSinkError if transient else SinkError
+    return kind(f"{what} ({type(cause).__name__}): {detail[:500]}")
 
 
 def check_transactional(conn: sa.Connection, table: str, schema: str | None) -> None:

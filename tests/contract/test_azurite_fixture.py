@@ -92,16 +92,17 @@ def test_the_fixture_runs_the_pinned_version(azurite: Azurite) -> None:
     assert f"Azurite-Blob/{pinned_version()}" in _server_header(azurite.blob_endpoint)
 
 
-def test_connection_string_names_both_endpoints_on_loopback(azurite: Azurite) -> None:
+def test_connection_string_names_every_endpoint_on_loopback(azurite: Azurite) -> None:
     assert azurite.blob_endpoint == f"http://127.0.0.1:{azurite.blob_port}/{ACCOUNT_NAME}"
     assert azurite.table_endpoint == f"http://127.0.0.1:{azurite.table_port}/{ACCOUNT_NAME}"
-    assert azurite.blob_port != azurite.table_port
+    assert azurite.queue_endpoint == f"http://127.0.0.1:{azurite.queue_port}/{ACCOUNT_NAME}"
+    assert len({azurite.blob_port, azurite.table_port, azurite.queue_port}) == 3
     parts = dict(part.split("=", 1) for part in azurite.connection_string.rstrip(";").split(";"))
     assert parts["DefaultEndpointsProtocol"] == "http"
     assert parts["AccountName"] == ACCOUNT_NAME
     assert parts["BlobEndpoint"] == azurite.blob_endpoint
     assert parts["TableEndpoint"] == azurite.table_endpoint
-    assert "QueueEndpoint" not in parts
+    assert parts["QueueEndpoint"] == azurite.queue_endpoint  # the QueueSink's
 
 
 def test_blob_round_trip(azurite: Azurite, azurite_container: str) -> None:

@@ -9,10 +9,8 @@ append-only, so a batch written twice would show as two rows and a lost one as n
 from __future__ import annotations
 
 import datetime as dt
-import os
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 from collections import Counter
@@ -23,6 +21,7 @@ import sqlalchemy as sa
 
 from azure_functions_db.core.checkpoint import PollerKey
 from azure_functions_db.state.local import LocalStateStore
+from tests.support.once import finish, start_once
 from tests.support.sqlite_orders import T0, Orders
 
 pytestmark = pytest.mark.slow
@@ -92,11 +91,9 @@ def orders(tmp_path: Path) -> Orders:
 def run(
     tmp_path: Path, orders: Orders, log: Path | None = None, **env: str
 ) -> subprocess.Popen[bytes]:
-    """Start one ``afdb run --once``; its output goes to a pipe, or appended to ``log``."""
+    """Start one ``afdb run --once`` of the test app."""
     (tmp_path / "function_app.py").write_text(APP)
-    command = [sys.executable, "-m", "azure_functions_db", "run", str(tmp_path / "function_app.py")]
-    environment = {
-        **os.environ,
+    settings = {
         "SINK_DB": orders.url,
         "SINK_LAKE": str(tmp_path / "lake" / "applied"),
         "SINK_STATE": str(tmp_path / "state"),
@@ -104,19 +101,7 @@ def run(
         "SINK_GO": str(tmp_path / "go"),
         **env,
     }
-    if log is None:
-        return subprocess.Popen(
-            [*command, "--once"], env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-        )
-    with log.open("ab") as output:  # the child keeps its own descriptor
-        return subprocess.Popen(
-            [*command, "--once"], env=environment, stdout=output, stderr=subprocess.STDOUT
-        )
-
-
-def finish(proc: subprocess.Popen[bytes], timeout: float = 120) -> tuple[int, str]:
-    out = proc.communicate(timeout=timeout)[0].decode()
-    return proc.returncode, out
+    return start_once(tmp_path / "function_app.py", settings, log)
 
 
 def applied(tmp_path: Path) -> list[tuple[int, int, int]]:

@@ -15,10 +15,8 @@ batch written twice would show as two rows and a lost one as none.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 from collections import Counter
@@ -30,6 +28,7 @@ import sqlalchemy as sa
 from azure_functions_db.core.checkpoint import PollerKey
 from azure_functions_db.state.local import LocalStateStore
 from devkit import dbservers
+from tests.support.once import finish, start_once
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -103,11 +102,9 @@ def db(pg_schema: str) -> sa.Engine:
 def run(
     tmp_path: Path, schema: str, log: Path | None = None, **env: str
 ) -> subprocess.Popen[bytes]:
-    """Start one ``afdb run --once``; its output goes to a pipe, or appended to ``log``."""
+    """Start one ``afdb run --once`` of the test app."""
     (tmp_path / "function_app.py").write_text(APP)
-    command = [sys.executable, "-m", "azure_functions_db", "run", str(tmp_path / "function_app.py")]
-    environment = {
-        **os.environ,
+    settings = {
         "SINK_DB": dbservers.pg_url(),
         "SINK_SCHEMA": schema,
         "SINK_STATE": str(tmp_path / "state"),
@@ -115,19 +112,7 @@ def run(
         "SINK_GO": str(tmp_path / "go"),
         **env,
     }
-    if log is None:
-        return subprocess.Popen(
-            [*command, "--once"], env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-        )
-    with log.open("ab") as output:  # the child keeps its own descriptor
-        return subprocess.Popen(
-            [*command, "--once"], env=environment, stdout=output, stderr=subprocess.STDOUT
-        )
-
-
-def finish(proc: subprocess.Popen[bytes], timeout: float = 120) -> tuple[int, str]:
-    out = proc.communicate(timeout=timeout)[0].decode()
-    return proc.returncode, out
+    return start_once(tmp_path / "function_app.py", settings, log)
 
 
 def applied(db: sa.Engine, schema: str) -> list[tuple[int, int, int]]:
