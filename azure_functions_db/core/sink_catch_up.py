@@ -36,9 +36,13 @@ def catch_up_with_sink(
     """
     cp = claim.checkpoint
     mark: SinkMark | None = retrying(sink.claim, key, claim.fence)
-    if mark is None or mark.after is None or mark.sequence <= cp.stats.batches:
+    if mark is None or mark.sequence <= cp.stats.batches:
         return
-    if mark.sequence == cp.stats.batches + 1 and mark.before == cp.position:
+    if (
+        mark.after is not None
+        and mark.sequence == cp.stats.batches + 1
+        and mark.before == cp.position
+    ):
         claim.write(advanced(mark.after, mark.rows, mark.before))
         log(
             logging.WARNING,
@@ -50,8 +54,9 @@ def catch_up_with_sink(
             note="the sink had committed this batch; the checkpoint commit had not landed",
         )
         return
-    # The sink is further ahead than one batch (or its batch started elsewhere): the
-    # checkpoint was reset, moved by `afdb seek`, or belongs to another state store.
+    # The sink is further ahead than one batch, or its batch started elsewhere (the checkpoint
+    # was reset, moved by `afdb seek`, or belongs to another state store), or the sink no longer
+    # knows where its last batch ended (a Delta log cleaned up past it).
     log(
         logging.WARNING,
         "sink_ahead_of_checkpoint",

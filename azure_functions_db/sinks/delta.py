@@ -45,7 +45,8 @@ logger = logging.getLogger(__name__)
 
 #: Commit attempts on top of other writers' commits before the batch fails (transiently).
 COMMIT_ATTEMPTS = 30
-#: How far back the table's history is searched for a poller's last batch commit.
+#: How far back the table's history is searched for a poller's last batch commit (``None``:
+#: all of it that the log still holds).
 HISTORY_WINDOW = (50, 1000, None)
 _OP = "_afdb_op"
 
@@ -64,9 +65,9 @@ class DeltaWriter:
     """The handler's side of a :class:`DeltaSink` batch: the rows of one Delta commit.
 
     ``insert`` appends; ``upsert``, ``delete`` and ``apply`` need the sink's ``key`` and make
-    the commit one ``MERGE`` (the last write of each key in the batch wins; an ``insert`` of a
-    key the table holds then updates it). Nothing is written
-    until the handler returns; then the rows and the batch's position commit together.
+    the commit one ``MERGE`` (the last write of each key in the batch wins, and an ``insert``
+    in such a batch is merged like an ``upsert``). Nothing is written until the handler
+    returns; then the rows and the batch's position commit together.
     """
 
     def __init__(self, key: tuple[str, ...] | None) -> None:
@@ -76,7 +77,7 @@ class DeltaWriter:
 
     def insert(self, rows: Iterable[Mapping[str, Any] | Change]) -> int:
         """Append ``rows`` (mappings, or the batch's changes: their ``data``). With a key, a
-        row whose key the batch wrote before replaces that write."""
+        later write of the same key in this batch replaces it."""
         data = _rows(rows)
         if self._key is None:
             self.appended.extend(data)
@@ -391,18 +392,28 @@ def _mark(table: Any, key: PollerKey) -> SinkMark | None:
 
 
 def _batch_commit(table: Any, key: PollerKey, sequence: int) -> dict[str, Any]:
+    """The commit info of ``key``'s batch ``sequence``; empty when the log no longer has it.
+
+    Delta removes old log entries (``delta.logRetentionDuration``, 30 days by default) while
+    the application transaction versions stay in its checkpoints: a poller quiet for longer
+    still knows its sequence and fence, only not the positions, which matter only to catch the
+    checkpoint up after a crash between the two commits (then the engine says so).
+    """
     app = batch_app(key)
     for limit in HISTORY_WINDOW:
         for commit in table.history(limit):
             if commit.get("afdb.app") == app and commit.get("afdb.sequence") == str(sequence):
                 return dict(commit)
-    raise SinkError(
-        f"The Delta table records batch {sequence} of {key} (application transaction `{app}`) "
-        "but no commit in its history carries that batch's positions: the history was "
-        "vacuumed or rewritten. Move the checkpoint with `afdb seek` to where the table ends.",
+    log_event(
+        logger,
+        logging.WARNING,
+        "sink_history_missing",
         poller=key.poller,
         namespace=key.namespace,
+        sequence=sequence,
+        note="the Delta log no longer holds this batch's commit; its positions are unknown",
     )
+    return {}
 
 
 def _encode(position: Position | None) -> str:

@@ -122,3 +122,35 @@ def test_bad_options_name_the_value_and_the_fix(options: dict[str, Any], message
     with pytest.raises(ConfigurationError) as caught:
         DeltaSink(**options)
     assert message in str(caught.value)
+
+
+def test_a_log_cleaned_up_past_the_last_batch_keeps_sequence_and_fence(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Delta drops old log entries (after a checkpoint, past the retention) but keeps the
+    application transaction versions: a quiet poller still knows its sequence and fence, and
+    is told the positions are gone instead of failing."""
+    import logging
+
+    sink = opened(tmp_path / "t")
+    key = PollerKey("live", "orders")
+    sink.claim(key, 1)
+    before = None
+    for b in range(2):
+        batch = contract_batch(1, [b * 2, b * 2 + 1], before=before)
+        with sink.transaction(key, batch, b + 1) as w:
+            assert w is not None
+            w.insert(batch)
+        before = batch.position_after
+    sink.claim(PollerKey("live", "other"), 1)  # another writer's commit, after this poller's
+    table = DeltaTable(str(tmp_path / "t"))
+    table.create_checkpoint()
+    for entry in (tmp_path / "t" / "_delta_log").glob("*.json"):
+        if int(entry.stem) < table.version():  # what log cleanup removes: before the checkpoint
+            entry.unlink()
+    with caplog.at_level(logging.WARNING):
+        mark = sink.mark(key)
+    assert mark is not None
+    assert (mark.fence, mark.sequence, mark.after) == (1, 2, None)
+    assert "action=sink_history_missing" in caplog.text
+    assert sink.claim(key, 2) is not None  # the poller goes on

@@ -192,3 +192,26 @@ def test_a_sink_that_cannot_commit_is_not_counted_toward_poison(
     assert stored is not None
     assert stored.checkpoint.attempts == 0
     assert "action=sink_unavailable" in caplog.text
+
+
+def test_a_sink_ahead_whose_positions_are_unknown_is_reported_not_trusted(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A mark one batch ahead without positions (a Delta log cleaned up past it) cannot move
+    the checkpoint: the run says the batches are written again, and goes on."""
+    from azure_functions_db.core.ports import SinkMark
+
+    class Forgetful(MemorySink):
+        def claim(self, key: Any, fence: int) -> SinkMark | None:
+            super().claim(key, fence)
+            return SinkMark(fence=1, sequence=1, before=None, after=None)
+
+    sink = Forgetful()
+    sink.create_table("copy", ["id"])
+    source = MemorySource("orders", "v", "id", rows(2))
+    store = MemoryStateStore(clock)
+    with caplog.at_level(logging.WARNING, logger="azure_functions_db"):
+        report = engine(source, store, sink, clock, Copier()).run({})
+    assert report.rows == 2
+    assert "action=sink_ahead_of_checkpoint" in caplog.text
+    assert "checkpoint_caught_up_with_sink" not in caplog.text
