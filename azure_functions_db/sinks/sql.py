@@ -131,9 +131,17 @@ class SqlSink:
                     if mark.fence > fence:
                         raise SinkFencedError(key.poller, key.namespace, fence, mark.fence)
                     if mark.fence < fence:
-                        conn.execute(
-                            sa.update(positions).where(_is(positions, key)).values(fence=fence)
+                        # Conditional, so it is atomic even where the read above took no lock:
+                        # a newer claim that got in between leaves no row to update.
+                        claimed = conn.execute(
+                            sa.update(positions)
+                            .where(_is(positions, key), positions.c.fence < fence)
+                            .values(fence=fence)
                         )
+                        if claimed.rowcount != 1:
+                            newer = self._read(conn, key, lock=False)
+                            stored = newer.fence if newer is not None else 0
+                            raise SinkFencedError(key.poller, key.namespace, fence, stored)
                     return mark
             except SinkError as exc:
                 # Two owners created the record at once: the loser reads the winner's row.
@@ -179,8 +187,28 @@ class SqlSink:
             }
             if row is None:
                 conn.execute(sa.insert(positions).values(**_fresh(key, batch.fence), **values))
-            else:
-                conn.execute(sa.update(positions).where(_is(positions, key)).values(**values))
+                return
+            # Compare-and-set on the record: no newer fence, and the batch it held when this one
+            # started. Atomic in every database, whatever its locking read does (SQL Server's
+            # dialect renders no FOR UPDATE).
+            written = conn.execute(
+                sa.update(positions)
+                .where(
+                    _is(positions, key),
+                    positions.c.fence <= batch.fence,
+                    positions.c.sequence == row.sequence,
+                )
+                .values(**values)
+            )
+            if written.rowcount != 1:
+                now = self._read(conn, key, lock=False)
+                self._check_fence(key, batch, now)
+                raise SinkError(
+                    f"The position record of {key} in {self.describe()} changed while the batch "
+                    "was committed, under the same fence. The batch was rolled back.",
+                    poller=key.poller,
+                    namespace=key.namespace,
+                )
 
     def mark(self, key: PollerKey) -> SinkMark | None:
         """What ``key``'s record holds now (for ``status`` and tests); ``None`` if none."""
@@ -242,10 +270,8 @@ class SqlSink:
 
     def _read(self, conn: sa.Connection, key: PollerKey, *, lock: bool) -> SinkMark | None:
         positions = self._ready()
-        query = sa.select(positions).where(_is(positions, key))
-        if lock and conn.dialect.name != "sqlite":  # SQLite: BEGIN IMMEDIATE locked it all
-            query = query.with_for_update()
-        row = conn.execute(query).first()
+        query = locked_read(positions, conn.dialect) if lock else sa.select(positions)
+        row = conn.execute(query.where(_is(positions, key))).first()
         return _mark(row) if row is not None else None
 
     @staticmethod
@@ -284,6 +310,20 @@ class SqlSink:
         except sa_exc.SQLAlchemyError as exc:
             what = f"SqlSink could not {action} at `{self._masked}`"
             raise sink_error(exc, what, self._scrub) from exc
+
+
+def locked_read(positions: sa.Table, dialect: sa.Dialect) -> sa.Select[Any]:
+    """A read of the position table that locks the rows it returns until the transaction ends:
+    ``FOR UPDATE``; SQL Server's dialect renders none, so an ``UPDLOCK`` hint there; SQLite's
+    ``BEGIN IMMEDIATE`` has locked the whole database already. (The final write is a
+    compare-and-set as well, so the lock makes errors clearer; it is not what keeps a stale
+    owner out.)"""
+    query = sa.select(positions)
+    if dialect.name == "mssql":
+        return query.with_hint(positions, "WITH (UPDLOCK, ROWLOCK)", dialect_name="mssql")
+    if dialect.name == "sqlite":
+        return query
+    return query.with_for_update()
 
 
 def _position_table(name: str, schema: str | None) -> sa.Table:
