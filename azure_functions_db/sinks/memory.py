@@ -18,6 +18,7 @@ from azure_functions_db.core.batch import Batch, Change
 from azure_functions_db.core.checkpoint import PollerKey
 from azure_functions_db.core.ports import SinkMark
 from azure_functions_db.errors import ConfigurationError, SinkError, SinkFencedError
+from azure_functions_db.sinks.writes import split_by_op
 
 Rows = Iterable[Mapping[str, Any] | Change]
 
@@ -63,9 +64,7 @@ class MemoryWriter:
         self, table: str, changes: Iterable[Change], *, key: Sequence[str] | None = None
     ) -> int:
         """Upsert each change's row, delete the soft-deleted ones."""
-        items = list(changes)
-        upserts = [c for c in items if c.op != "delete"]
-        deletes = [c for c in items if c.op == "delete"]
+        upserts, deletes = split_by_op(changes)
         return self.upsert(table, upserts, key=key) + self.delete(table, deletes, key=key)
 
     def _rows(

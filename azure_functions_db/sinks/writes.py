@@ -22,6 +22,13 @@ Rows = Iterable[Mapping[str, Any] | Change]
 TRANSACTIONAL_ENGINES = frozenset({"innodb", "rocksdb", "tokudb"})
 
 
+def split_by_op(changes: Iterable[Change]) -> tuple[list[Change], list[Change]]:
+    """The changes to upsert and the soft-deleted ones to delete, each in batch order (a batch
+    holds each row once, so the two never touch the same key)."""
+    items = list(changes)
+    return [c for c in items if c.op != "delete"], [c for c in items if c.op == "delete"]
+
+
 def sink_error(exc: sa_exc.SQLAlchemyError, what: str, scrub: Callable[[str], str]) -> SinkError:
     """The sink error for a driver error: ``TransientSinkError`` for what a retry may fix (a
     dropped connection, a timeout), ``SinkError`` otherwise; ``what`` says who failed doing what
@@ -121,9 +128,7 @@ class SqlWriter:
         self, table: str, changes: Iterable[Change], *, key: Sequence[str] | None = None
     ) -> int:
         """Mirror ``changes`` into ``table``: upsert each row, delete the soft-deleted ones."""
-        items = list(changes)
-        upserts = [c for c in items if c.op != "delete"]
-        deletes = [c for c in items if c.op == "delete"]
+        upserts, deletes = split_by_op(changes)
         return self.upsert(table, upserts, key=key) + self.delete(table, deletes, key=key)
 
     # -- helpers -----------------------------------------------------------------------------

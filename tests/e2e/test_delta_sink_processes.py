@@ -32,21 +32,12 @@ SECOND = dt.timedelta(seconds=1)
 
 APP = textwrap.dedent(
     """
-    import os, signal, time
+    import os, time
     from pathlib import Path
     import pyarrow as pa
     import azure_functions_db as afdb
     from azure_functions_db.sinks.delta import DeltaSink
-    from azure_functions_db.state.local import LocalStateStore
-
-    HANDLED = []
-
-    class DiesAfterTheSinkCommit(LocalStateStore):
-        # The checkpoint commit after a batch: the Delta commit landed a moment ago.
-        def replace(self, new, etag):
-            if os.environ.get("SINK_KILL") == "1" and HANDLED:
-                os.kill(os.getpid(), signal.SIGKILL)
-            return super().replace(new, etag)
+    from tests.support.dying_store import DiesAfterTheSinkCommit, handled
 
     SCHEMA = pa.schema([("order_id", pa.int64()), ("version", pa.int64()), ("pid", pa.int64())])
     db = afdb.PollerBlueprint()
@@ -64,7 +55,7 @@ APP = textwrap.dedent(
         sink.insert([
             {"order_id": c.pk, "version": int(c.data["note"]), "pid": os.getpid()} for c in batch
         ])
-        HANDLED.append(len(batch))
+        handled(len(batch))
         if os.environ.get("SINK_STALL") == "1":
             Path(os.environ["SINK_READY"]).write_text("staged, not committed")
             while not Path(os.environ["SINK_GO"]).exists():

@@ -29,18 +29,10 @@ pytestmark = pytest.mark.slow
 
 APP = textwrap.dedent(
     """
-    import os, signal
+    import os
     import azure_functions_db as afdb
     from azure_functions_db.sinks.queue import QueueSink
-    from azure_functions_db.state.local import LocalStateStore
-
-    SENT = []
-
-    class DiesAfterSending(LocalStateStore):
-        def replace(self, new, etag):
-            if os.environ.get("Q_KILL") == "1" and SENT:
-                os.kill(os.getpid(), signal.SIGKILL)
-            return super().replace(new, etag)
+    from tests.support.dying_store import DiesAfterTheSinkCommit, handled
 
     out = QueueSink(os.environ["Q_NAME"])
     db = afdb.PollerBlueprint()
@@ -49,11 +41,11 @@ APP = textwrap.dedent(
         name="orders",
         schedule="0 0 * * * *",
         source=afdb.SqlSource(url="%Q_DB%", table="orders", cursor="updated_at", pk="id"),
-        state=DiesAfterSending(os.environ["Q_STATE"]),
+        state=DiesAfterTheSinkCommit(os.environ["Q_STATE"]),
         batch_size=4,
     )
     def forward(batch):
-        SENT.append(out.send(batch))
+        handled(out.send(batch))
     """
 )
 
@@ -83,7 +75,7 @@ def test_kill_9_after_sending_redelivers_with_the_same_event_ids(
     ]
     for kill in range(5):
         done = subprocess.run(
-            command, check=False, env={**env, "Q_KILL": "1"}, capture_output=True, timeout=120
+            command, check=False, env={**env, "SINK_KILL": "1"}, capture_output=True, timeout=120
         )
         assert done.returncode == -signal.SIGKILL, (kill, done.stdout, done.stderr)
     done = subprocess.run(command, check=False, env=env, capture_output=True, timeout=120)

@@ -37,19 +37,10 @@ ROWS, BATCH = 60, 3
 
 APP = textwrap.dedent(
     """
-    import os, signal, time
+    import os, time
     from pathlib import Path
     import azure_functions_db as afdb
-    from azure_functions_db.state.local import LocalStateStore
-
-    HANDLED = []
-
-    class DiesAfterTheSinkCommit(LocalStateStore):
-        # The checkpoint commit after a batch: the sink committed it a moment ago.
-        def replace(self, new, etag):
-            if os.environ.get("SINK_KILL") == "1" and HANDLED:
-                os.kill(os.getpid(), signal.SIGKILL)
-            return super().replace(new, etag)
+    from tests.support.dying_store import DiesAfterTheSinkCommit, handled
 
     db = afdb.PollerBlueprint()
 
@@ -69,7 +60,7 @@ APP = textwrap.dedent(
         sink.insert("applied", [
             {"order_id": c.pk, "version": c.data["version"], "pid": os.getpid()} for c in batch
         ])
-        HANDLED.append(len(batch))
+        handled(len(batch))
         if os.environ.get("SINK_STALL") == "1":
             Path(os.environ["SINK_READY"]).write_text("written, not committed")
             while not Path(os.environ["SINK_GO"]).exists():
