@@ -15,12 +15,15 @@ import sys
 import threading
 import traceback
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
 from azure_functions_db.errors import AfdbError, ConfigurationError, HandlerError
+
+if TYPE_CHECKING:
+    from azure_functions_db.ops.status import PollerStatus
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
@@ -301,9 +304,29 @@ def _status(args: argparse.Namespace, console: Console) -> int:
                     f"by {s.held_by}: they wait for that transaction to end",
                     style="yellow",
                 )
+            if s.sink is not None:
+                console.print(_sink_line(s))
         if statuses:
             console.print(f"state: {statuses[0].store}")
     return EXIT_FAILED if any(s.error for s in statuses) else EXIT_OK
+
+
+def _sink_line(s: PollerStatus) -> str:
+    """One line on what a poller's sink holds (``afdb status``)."""
+    sink = s.sink
+    if sink is None:
+        return f"{s.poller}: no sink"
+    if sink.error is not None:
+        return f"{s.poller}: {sink.sink}: ERROR: {sink.error}"
+    if sink.sequence is None:
+        return f"{s.poller}: {sink.sink}: no batch yet"
+    line = (
+        f"{s.poller}: {sink.sink}: batch {sink.sequence} ending at "
+        f"{sink.position or '(unknown)'} (fence {sink.fence})"
+    )
+    if s.sink_ahead:
+        line += "; one batch ahead of the checkpoint: the next run catches the checkpoint up"
+    return line
 
 
 def _seek(args: argparse.Namespace, console: Console) -> int:

@@ -41,6 +41,7 @@ class PollerStatus:
     lease_process: str | None = None  # the local store: "pid 4242, alive" / "..., dead"
     held_by: str | None = None  # an open transaction holding rows back behind the horizon
     held_seconds: float | None = None
+    sink: SinkStatus | None = None  # a poller with a transactional sink
 
     def to_json(self) -> dict[str, Any]:
         """A stable, JSON-ready form for scripts (keys never renamed, only added)."""
@@ -68,7 +69,35 @@ class PollerStatus:
             doc["lease"]["process"] = self.lease_process
         if self.held_by is not None:  # only while rows wait behind the horizon
             doc["held"] = {"by": self.held_by, "seconds": self.held_seconds}
+        if self.sink is not None:
+            doc["sink"] = self.sink.to_json()
         return doc
+
+    @property
+    def sink_ahead(self) -> bool:
+        """The sink holds a batch the checkpoint does not (the next run catches it up)."""
+        return self.sink is not None and (self.sink.sequence or 0) > self.batches
+
+
+@dataclass(frozen=True)
+class SinkStatus:
+    """What a poller's transactional sink holds for it (``afdb status``)."""
+
+    sink: str
+    sequence: int | None = None
+    position: Position | None = None
+    fence: int | None = None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "describe": self.sink,
+            "sequence": self.sequence,
+            "position": self.position.to_json() if self.position else None,
+            "position_text": str(self.position) if self.position else None,
+            "fence": self.fence,
+            "error": self.error,
+        }
 
 
 def poller_status(definition: PollerDefinition, settings: Mapping[str, str]) -> PollerStatus:
@@ -103,6 +132,7 @@ def poller_status(definition: PollerDefinition, settings: Mapping[str, str]) -> 
     held = live_hold(definition, settings, cp.position if cp else None)
     if held is not None:
         base["held_by"], base["held_seconds"] = held
+    base["sink"] = sink_status(definition, settings)
     return PollerStatus(
         **base,
         position=cp.position if cp else None,
@@ -134,6 +164,25 @@ def live_hold(
         source.close()
     age = (definition.clock.now() - horizon.hold.since).total_seconds()
     return horizon.hold.holder, max(0.0, age)
+
+
+def sink_status(definition: PollerDefinition, settings: Mapping[str, str]) -> SinkStatus | None:
+    """What the poller's sink holds, read without writing to it beyond what its first run does
+    (opening a SqlSink creates its position table if it is missing); an unreachable sink is
+    shown, not raised (``afdb status`` works without the target)."""
+    sink = definition.sink
+    if sink is None:
+        return None
+    try:
+        sink.open(settings)
+        mark = sink.mark(definition.config.key)
+    except AfdbError as exc:
+        return SinkStatus(sink=sink.describe(), error=str(exc))
+    if mark is None:
+        return SinkStatus(sink=sink.describe())
+    return SinkStatus(
+        sink=sink.describe(), sequence=mark.sequence, position=mark.after, fence=mark.fence
+    )
 
 
 def backfill_statuses(

@@ -235,3 +235,64 @@ def test_sql_server_reads_the_record_with_an_update_lock() -> None:
     table = _position_table("afdb_positions", None)
     sql = str(locked_read(table, mssql.dialect()).compile(dialect=mssql.dialect()))
     assert "WITH (UPDLOCK, ROWLOCK)" in sql
+
+
+STATUS_APP = """
+import os
+import azure_functions_db as afdb
+from azure_functions_db.state.local import LocalStateStore
+
+class LosesCommits(LocalStateStore):
+    # With LOSE_COMMIT=1, a checkpoint commit after a batch fails: the sink holds one batch more.
+    def replace(self, new, etag):
+        if os.environ.get("LOSE_COMMIT") == "1" and new.stats.batches:
+            raise afdb.TransientStoreError("lost")
+        return super().replace(new, etag)
+
+db = afdb.PollerBlueprint()
+
+@db.poller(
+    name="orders", schedule="0 0 * * * *", batch_size=4,
+    source=afdb.SqlSource(url="%SRC%", table="orders", cursor="updated_at", pk="id",
+                          horizon="none"),
+    sink=afdb.SqlSink(url="%DST%"),
+    state=LosesCommits(os.environ["STATE"]),
+)
+def copy(batch, sink):
+    sink.upsert("orders_copy", [{"id": c.pk, "note": c.data["note"]} for c in batch])
+"""
+
+
+def test_status_shows_what_the_sink_holds_and_a_batch_ahead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from azure_functions_db.cli import main
+
+    orders = Orders(tmp_path / "orders.db")
+    orders.insert(range(1, 7))
+    orders.close()
+    target = sa.create_engine(f"sqlite:///{tmp_path / 'dst.db'}")
+    with target.begin() as conn:
+        conn.exec_driver_sql(COPY)
+    target.dispose()
+    (tmp_path / "function_app.py").write_text(STATUS_APP)
+    monkeypatch.setenv("SRC", orders.url)
+    monkeypatch.setenv("DST", f"sqlite:///{tmp_path / 'dst.db'}")
+    monkeypatch.setenv("STATE", str(tmp_path / "state"))
+    app = str(tmp_path / "function_app.py")
+    monkeypatch.setenv("LOSE_COMMIT", "1")
+    assert main(["run", app, "--once"]) != 0  # batch 1 in the sink, its checkpoint commit lost
+    monkeypatch.delenv("LOSE_COMMIT")
+    capsys.readouterr()
+    assert main(["status", app]) == 0
+    out = capsys.readouterr().out
+    assert "batch 1 ending at" in out
+    assert "one batch ahead of the checkpoint" in out
+    assert main(["run", app, "--once"]) == 0  # catches up, then delivers the rest
+    capsys.readouterr()
+    assert main(["status", app, "--json"]) == 0
+    (doc,) = json.loads(capsys.readouterr().out)
+    assert doc["sink"]["sequence"] == doc["stats"]["batches"] == 2
+    assert doc["sink"]["position"] == doc["position"]
