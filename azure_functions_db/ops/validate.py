@@ -68,7 +68,7 @@ class Finding:
         check: ``schedule``, ``settings``, ``source``, ``key_types`` (a cursor or key column
             whose values a checkpoint cannot hold or the database cannot order or find again;
             reported only when there is a problem), ``index``, ``horizon``, ``null_cursor``,
-            ``source_check`` (other findings of the source's own check), ``state``,
+            ``source_check`` (other findings of the source's own check), ``sink``, ``state``,
             ``checkpoint`` or ``source_change``.
         level: ``ok``, ``warning`` or ``error``.
         message: What was found, naming the value and the fix.
@@ -211,6 +211,7 @@ def validate_poller(
             check.source_health()
         finally:
             definition.source.close()
+    check.sink()
     check.checkpoint()
     return check.result()
 
@@ -276,6 +277,22 @@ class _Validation:
             f"({', '.join(desc.pk)}).",
         )
         return True
+
+    def sink(self) -> None:
+        """A transactional sink opens: its settings resolve, the target is reachable, the
+        position table exists or is created (as the first run would), its engine is
+        transactional."""
+        sink = self.definition.sink
+        if sink is None:
+            return
+        try:
+            sink.open(self.settings)
+        except SettingNotFoundError as exc:
+            self.add("settings", "error", str(exc))
+        except AfdbError as exc:
+            self.add("sink", "error", f"The sink cannot be opened: {exc}")
+        else:
+            self.add("sink", "ok", f"{sink.describe()} is ready.")
 
     def key_types(self) -> None:
         if isinstance(self.source, SqlSource):

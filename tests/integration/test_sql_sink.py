@@ -296,3 +296,26 @@ def test_status_shows_what_the_sink_holds_and_a_batch_ahead(
     (doc,) = json.loads(capsys.readouterr().out)
     assert doc["sink"]["sequence"] == doc["stats"]["batches"] == 2
     assert doc["sink"]["position"] == doc["position"]
+
+
+def test_validate_opens_the_sink_and_names_what_is_wrong(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from azure_functions_db.cli import main
+
+    orders = Orders(tmp_path / "orders.db")
+    orders.close()
+    (tmp_path / "function_app.py").write_text(STATUS_APP)
+    monkeypatch.setenv("SRC", orders.url)
+    monkeypatch.setenv("STATE", str(tmp_path / "state"))
+    app = str(tmp_path / "function_app.py")
+    monkeypatch.delenv("DST", raising=False)
+    assert main(["validate", app, "--json"]) != 0
+    findings = json.loads(capsys.readouterr().out)[0]["findings"]
+    assert any(f["check"] == "settings" and "`DST`" in f["message"] for f in findings)
+    monkeypatch.setenv("DST", f"sqlite:///{tmp_path / 'dst.db'}")
+    assert main(["validate", app, "--json"]) == 0
+    findings = json.loads(capsys.readouterr().out)[0]["findings"]
+    assert any(f["check"] == "sink" and f["level"] == "ok" for f in findings)
