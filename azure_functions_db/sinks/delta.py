@@ -182,11 +182,23 @@ class DeltaSink:
                             f"There is no Delta table at `{self.options.uri}`: create it, or "
                             "pass `schema=` (a pyarrow.Schema) to let the sink create it."
                         )
-                    deltalake.DeltaTable.create(
-                        uri, self._schema, mode="ignore", storage_options=storage or None
-                    )
+                    self._create(uri, storage)
             self._uri, self._storage = uri, storage
             log_event(logger, logging.INFO, "sink_opened", sink=self.describe())
+
+    def _create(self, uri: str, storage: dict[str, str]) -> None:
+        """Create the table; several writers opening a new table at once (a backfill's chunk
+        tasks) race, and every one but the winner finds it created."""
+        import deltalake
+        from deltalake.exceptions import CommitFailedError
+
+        try:
+            deltalake.DeltaTable.create(
+                uri, self._schema, mode="ignore", storage_options=storage or None
+            )
+        except CommitFailedError:
+            if not deltalake.DeltaTable.is_deltatable(uri, storage_options=storage or None):
+                raise
 
     def claim(self, key: PollerKey, fence: int) -> SinkMark | None:
         """Commit ``fence`` as the fence transaction's version; return the poller's mark."""

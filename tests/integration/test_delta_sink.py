@@ -31,14 +31,15 @@ def opened(path: Path, **options: Any) -> DeltaSink:
 
 
 def test_writers_of_one_table_racing_all_land_once(tmp_path: Path) -> None:
-    """Four pollers (a live one and three backfill chunks) commit 15 batches each into one
-    table at once: every commit lands after retrying on top of the others, each once."""
+    """Four pollers (a live one and three backfill chunks) create one new table and commit 15
+    batches each into it at once: every commit lands after retrying on top of the others,
+    each once."""
     errors: list[BaseException] = []
 
     def writer(n: int) -> None:
-        sink = opened(tmp_path / "t")
         key = PollerKey("backfill", f"orders~run~{n}")
         try:
+            sink = opened(tmp_path / "t")  # all four create the new table at once
             sink.claim(key, 1)
             before = None
             for b in range(15):
