@@ -18,6 +18,7 @@ the Functions host's queue trigger default)::
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
 import json
 import os
@@ -117,10 +118,18 @@ class QueueSink:
                 except Exception as exc:
                     if _code(exc) != "QueueNotFound":
                         raise
-                    client.create_queue()
+                    self._create_queue(client)
                     client.send_message(message_body(change))
             count += 1
         return count
+
+    @staticmethod
+    def _create_queue(client: Any) -> None:
+        """Create the queue; another sender creating it at the same moment is fine."""
+        from azure.core.exceptions import ResourceExistsError
+
+        with contextlib.suppress(ResourceExistsError):
+            client.create_queue()
 
     def close(self) -> None:
         with self._lock:

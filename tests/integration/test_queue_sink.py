@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from azure.storage.queue import QueueClient
 
-from azure_functions_db.core.batch import Batch
+from azure_functions_db.core.batch import Batch, Change
 from azure_functions_db.core.engine import Engine, PollerConfig
 from azure_functions_db.core.position import Position
 from azure_functions_db.errors import ConfigurationError, HandlerError
@@ -122,3 +122,30 @@ def test_bad_options_name_the_value_and_the_fix(options: dict[str, Any], message
 def test_a_missing_connection_setting_names_it() -> None:
     with pytest.raises(ConfigurationError, match="`AzureWebJobsStorage` is not defined"):
         QueueSink("orders-out").send([], {})
+
+
+def test_senders_racing_to_create_the_queue_all_send(azurite: Azurite, queue_name: str) -> None:
+    import threading
+
+    settings = {"AzureWebJobsStorage": azurite.connection_string}
+    changes = [Change({"id": i}, Position((i,), (i,)), "orders") for i in range(8)]
+    errors: list[BaseException] = []
+    start = threading.Barrier(6)
+
+    def send(part: int) -> None:
+        sink = QueueSink(queue_name)
+        try:
+            start.wait(10)
+            sink.send(changes[part::6], settings)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            sink.close()
+
+    threads = [threading.Thread(target=send, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    assert sorted(b["data"]["id"] for b in received(azurite, queue_name)) == list(range(8))
