@@ -142,10 +142,14 @@ class Report:
     def _sink_line(self) -> str:
         if self.sink_rows is None:
             return "not recorded"
+
+        def examples(pairs: list[Pair]) -> str:
+            return f" {pairs[:3]}" if pairs else ""
+
         return (
-            f"{self.sink_rows} row(s); duplicates {self.sink_duplicates} "
-            f"{self.sink_duplicate_examples[:3] or ''}, missing {self.sink_missing} "
-            f"{self.sink_missing_examples[:3] or ''}"
+            f"{self.sink_rows} row(s); duplicates {self.sink_duplicates}"
+            f"{examples(self.sink_duplicate_examples)}, missing {self.sink_missing}"
+            f"{examples(self.sink_missing_examples)}"
         )
 
     def summary(self) -> str:
