@@ -61,13 +61,18 @@ from azure_functions_db.state.local import LocalStateStore
 from azure_functions_db.state.memory import MemoryStateStore
 
 if TYPE_CHECKING:
+    from azure_functions_db.sinks.delta import DeltaSink
+    from azure_functions_db.sinks.queue import QueueSink
     from azure_functions_db.state.blob import BlobStateStore
     from azure_functions_db.state.table import TableStateStore
 
-# The Azure stores need the `azure` extra; import them only when asked for.
+# The Azure stores and the Delta and queue sinks need extras (`azure`, `delta`); import them
+# only when asked for.
 _LAZY = {
     "BlobStateStore": "azure_functions_db.state.blob",
     "TableStateStore": "azure_functions_db.state.table",
+    "DeltaSink": "azure_functions_db.sinks.delta",
+    "QueueSink": "azure_functions_db.sinks.queue",
 }
 
 
@@ -86,6 +91,7 @@ __all__ = [
     "CheckpointConflictError",
     "CheckpointCorruptError",
     "ConfigurationError",
+    "DeltaSink",
     "FunctionsRetry",
     "HandlerContractError",
     "HandlerError",
@@ -101,6 +107,7 @@ __all__ = [
     "PollerKey",
     "Position",
     "PositionRegressionError",
+    "QueueSink",
     "RecordExistsError",
     "RunReport",
     "SettingNotFoundError",
