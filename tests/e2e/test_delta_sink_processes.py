@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 from azure_functions_db.core.checkpoint import PollerKey
 from azure_functions_db.state.local import LocalStateStore
-from tests.support.once import finish, start_once
+from tests.support.once import finish, frozen_past_its_lease, start_once
 from tests.support.sqlite_orders import T0, Orders
 
 pytestmark = pytest.mark.slow
@@ -134,26 +134,13 @@ def test_a_stale_owner_resumed_after_its_lease_was_taken_commits_nothing_to_delt
     tmp_path: Path, orders: Orders
 ) -> None:
     stale = run(tmp_path, orders, SINK_STALL="1", SINK_BATCH="10")
-    deadline = time.monotonic() + 60
-    while not (tmp_path / "ready").exists():
-        assert stale.poll() is None, finish(stale)[1]
-        assert time.monotonic() < deadline, "the first owner never reached its handler"
-        time.sleep(0.02)
-    stale.send_signal(signal.SIGSTOP)
-    try:
-        time.sleep(2.5)  # its lease (2 s) runs out: no heartbeat from a stopped process
-        code, out = finish(run(tmp_path, orders, SINK_BATCH="10"))
-        assert code == 0, out
-        assert "caught_up, 6 batch(es), 60 row(s)" in out, out
-        (tmp_path / "go").write_text("go")
-        stale.send_signal(signal.SIGCONT)
-        code, out = finish(stale)
-    finally:
-        if stale.poll() is None:
-            stale.kill()
-            stale.communicate()
-    assert code != 0, out
-    assert "holds fence 2" in out, out
+    (code, out), (stale_code, stale_out) = frozen_past_its_lease(
+        stale, tmp_path, lambda: run(tmp_path, orders, SINK_BATCH="10")
+    )
+    assert code == 0, out
+    assert "caught_up, 6 batch(es), 60 row(s)" in out, out
+    assert stale_code != 0, stale_out
+    assert "holds fence 2" in stale_out, stale_out
     rows = applied(tmp_path)
     assert [pid for *_, pid in rows if pid == stale.pid] == []
     counts = Counter((order_id, version) for order_id, version, _ in rows)

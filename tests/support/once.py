@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 
@@ -28,3 +30,36 @@ def finish(proc: subprocess.Popen[bytes], timeout: float = 120) -> tuple[int, st
     """Wait for a piped child; its exit code and output."""
     out = proc.communicate(timeout=timeout)[0].decode()
     return proc.returncode, out
+
+
+def frozen_past_its_lease(
+    stale: subprocess.Popen[bytes],
+    folder: Path,
+    take_over: Callable[[], subprocess.Popen[bytes]],
+    *,
+    lease: float = 2.0,
+) -> tuple[tuple[int, str], tuple[int, str]]:
+    """The stale-owner scenario: wait until ``stale``'s handler has written (it creates
+    ``folder/ready``), SIGSTOP it past its ``lease``, run ``take_over()`` to the end, then let
+    the handler return (``folder/go``) and SIGCONT it. The new owner's and the stale one's exit
+    codes and outputs. The stale process is never left running (its open transaction would
+    block the test's cleanup)."""
+    deadline = time.monotonic() + 60
+    try:
+        while not (folder / "ready").exists():
+            if stale.poll() is not None:
+                raise AssertionError(f"the first owner exited early: {finish(stale)[1]}")
+            if time.monotonic() > deadline:
+                raise AssertionError("the first owner never reached its handler")
+            time.sleep(0.02)
+        stale.send_signal(signal.SIGSTOP)
+        time.sleep(lease + 0.5)  # no heartbeat from a stopped process: its lease runs out
+        new = finish(take_over())
+        (folder / "go").write_text("go")
+        stale.send_signal(signal.SIGCONT)
+        return new, finish(stale)
+    finally:
+        if stale.poll() is None:
+            stale.send_signal(signal.SIGCONT)
+            stale.kill()
+            stale.communicate()
