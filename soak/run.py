@@ -484,32 +484,31 @@ class Soak:
         return int(row[0]) if row else 0
 
     def dump_history(self) -> None:
-        try:
-            with self.admin() as conn:
-                rows = conn.execute(
-                    sql.SQL("SELECT id, version FROM {h}").format(
-                        h=sql.Identifier(f"{self.table}_history")
-                    )
-                ).fetchall()
-        except psycopg.Error as exc:
-            self.harness.append(f"cannot read the history table: {exc}")
-            rows = []
-        (self.out / "history.json").write_text(json.dumps([list(r) for r in rows]))
+        rows = self.read_rows(self.admin, "SELECT id, version FROM {t}", "history")
+        (self.out / "history.json").write_text(json.dumps(rows or []))
 
     def dump_sink(self) -> None:
         """What the SqlSink holds: every (id, version, fence) the handlers' transactions
-        committed, for the checker's exactly-once judgement."""
+        committed, for the checker's exactly-once judgement (no file when it cannot be read:
+        the harness line fails the run)."""
+        rows = self.read_rows(
+            self.sink_admin, "SELECT id, version, fence FROM {t} ORDER BY n", "applied"
+        )
+        if rows is not None:
+            (self.out / "sink.json").write_text(json.dumps(rows))
+
+    def read_rows(
+        self, connect: Callable[[], psycopg.Connection[Any]], query: str, suffix: str
+    ) -> list[list[Any]] | None:
+        """The rows of ``query`` on the run's ``<table>_<suffix>``; ``None`` (and a harness
+        line) when it cannot be read."""
         try:
-            with self.sink_admin() as conn:
-                rows = conn.execute(
-                    sql.SQL("SELECT id, version, fence FROM {a} ORDER BY n").format(
-                        a=sql.Identifier(f"{self.table}_applied")
-                    )
-                ).fetchall()
+            with connect() as conn:
+                statement = sql.SQL(query).format(t=sql.Identifier(f"{self.table}_{suffix}"))
+                return [list(r) for r in conn.execute(statement).fetchall()]
         except psycopg.Error as exc:
-            self.harness.append(f"cannot read the sink table: {exc}")
-            return
-        (self.out / "sink.json").write_text(json.dumps([list(r) for r in rows]))
+            self.harness.append(f"cannot read the table {self.table}_{suffix}: {exc}")
+            return None
 
     def write_meta(self) -> None:
         meta = {

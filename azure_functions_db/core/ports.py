@@ -23,6 +23,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from azure_functions_db.core.batch import Batch, Change
 from azure_functions_db.core.checkpoint import Checkpoint, PollerKey, SourceDescription
 from azure_functions_db.core.position import KeyValue, Position
+from azure_functions_db.errors import SinkFencedError
 
 # --------------------------------------------------------------------------------------------
 # State: checkpoint records and leases
@@ -368,6 +369,14 @@ class SinkMark:
             and self.before == batch.position_before
             and self.after == batch.position_after
         )
+
+
+def refuse_older_fence(key: PollerKey, fence: int, mark: SinkMark | None) -> None:
+    """Raise :class:`~azure_functions_db.errors.SinkFencedError` when ``mark`` holds a fence
+    newer than ``fence``: the stale-rejection rule every sink applies, to a claim and to a
+    batch alike."""
+    if mark is not None and mark.fence > fence:
+        raise SinkFencedError(key.poller, key.namespace, fence, mark.fence)
 
 
 @runtime_checkable

@@ -30,7 +30,7 @@ from typing import Any
 from azure_functions_db.core.batch import Batch, Change
 from azure_functions_db.core.checkpoint import PollerKey
 from azure_functions_db.core.logs import log_event
-from azure_functions_db.core.ports import SinkMark
+from azure_functions_db.core.ports import SinkMark, refuse_older_fence
 from azure_functions_db.core.position import Position
 from azure_functions_db.errors import (
     ConfigurationError,
@@ -205,8 +205,7 @@ class DeltaSink:
         for _ in range(COMMIT_ATTEMPTS):
             table = self._table()
             mark = _mark(table, key)
-            if mark is not None and mark.fence > fence:
-                raise SinkFencedError(key.poller, key.namespace, fence, mark.fence)
+            refuse_older_fence(key, fence, mark)
             if mark is not None and mark.fence == fence:
                 return mark
             if self._commit(table, key, fence, None, {"afdb.claim": str(fence)}):
@@ -220,7 +219,7 @@ class DeltaSink:
         """Yields the writer (``None`` if the table holds this batch); commits on exit."""
         table = self._table()
         seen = _mark(table, key)
-        _check_fence(key, batch, seen)
+        refuse_older_fence(key, batch.fence, seen)
         if seen is not None and seen.holds(batch, sequence):
             yield None
             return
@@ -236,7 +235,7 @@ class DeltaSink:
         }
         for _ in range(COMMIT_ATTEMPTS):
             mark = _mark(table, key)
-            _check_fence(key, batch, mark)
+            refuse_older_fence(key, batch.fence, mark)
             if mark is not None and mark.holds(batch, sequence):
                 return  # an earlier attempt landed although it reported a failure
             if mark != seen:
@@ -378,11 +377,6 @@ def _arrow_schema(table: Any) -> Any:
     import pyarrow as pa
 
     return pa.schema(table.schema().to_arrow())
-
-
-def _check_fence(key: PollerKey, batch: Batch, mark: SinkMark | None) -> None:
-    if mark is not None and mark.fence > batch.fence:
-        raise SinkFencedError(key.poller, key.namespace, batch.fence, mark.fence)
 
 
 def _mark(table: Any, key: PollerKey) -> SinkMark | None:

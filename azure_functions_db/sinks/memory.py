@@ -16,8 +16,8 @@ from typing import Any
 
 from azure_functions_db.core.batch import Batch, Change
 from azure_functions_db.core.checkpoint import PollerKey
-from azure_functions_db.core.ports import SinkMark
-from azure_functions_db.errors import ConfigurationError, SinkError, SinkFencedError
+from azure_functions_db.core.ports import SinkMark, refuse_older_fence
+from azure_functions_db.errors import ConfigurationError, SinkError
 from azure_functions_db.sinks.writes import split_by_op
 
 Rows = Iterable[Mapping[str, Any] | Change]
@@ -113,8 +113,7 @@ class MemorySink:
             if mark is None:
                 self._marks[key] = SinkMark(fence=fence, sequence=0, before=None, after=None)
                 return None
-            if mark.fence > fence:
-                raise SinkFencedError(key.poller, key.namespace, fence, mark.fence)
+            refuse_older_fence(key, fence, mark)
             self._marks[key] = SinkMark(fence, mark.sequence, mark.before, mark.after, mark.rows)
             return mark
 
@@ -125,7 +124,7 @@ class MemorySink:
         with self._lock:
             seen = self._marks.get(key)
             staged = {name: dict(rows) for name, rows in self._tables.items()}
-        self._check_fence(key, batch, seen)
+        refuse_older_fence(key, batch.fence, seen)
         if seen is not None and seen.holds(batch, sequence):
             yield None
             return
@@ -133,7 +132,7 @@ class MemorySink:
         yield writer
         with self._lock:
             mark = self._marks.get(key)
-            self._check_fence(key, batch, mark)
+            refuse_older_fence(key, batch.fence, mark)
             if mark != seen:
                 raise SinkError(
                     f"The position record of {key} changed while the batch ran.",
@@ -145,11 +144,6 @@ class MemorySink:
             self._marks[key] = SinkMark(
                 batch.fence, sequence, batch.position_before, batch.position_after, len(batch)
             )
-
-    @staticmethod
-    def _check_fence(key: PollerKey, batch: Batch, mark: SinkMark | None) -> None:
-        if mark is not None and mark.fence > batch.fence:
-            raise SinkFencedError(key.poller, key.namespace, batch.fence, mark.fence)
 
     def mark(self, key: PollerKey) -> SinkMark | None:
         with self._lock:

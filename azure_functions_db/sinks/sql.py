@@ -30,7 +30,7 @@ from sqlalchemy import exc as sa_exc
 from azure_functions_db.core.batch import Batch
 from azure_functions_db.core.checkpoint import PollerKey
 from azure_functions_db.core.logs import log_event
-from azure_functions_db.core.ports import SinkMark
+from azure_functions_db.core.ports import SinkMark, refuse_older_fence
 from azure_functions_db.core.position import Position
 from azure_functions_db.errors import (
     ConfigurationError,
@@ -128,8 +128,7 @@ class SqlSink:
                     if mark is None:
                         conn.execute(sa.insert(positions).values(**_fresh(key, fence)))
                         return None
-                    if mark.fence > fence:
-                        raise SinkFencedError(key.poller, key.namespace, fence, mark.fence)
+                    refuse_older_fence(key, fence, mark)
                     if mark.fence < fence:
                         # Conditional, so it is atomic even where the read above took no lock:
                         # a newer claim that got in between leaves no row to update.
@@ -162,13 +161,13 @@ class SqlSink:
         positions = self._ready()
         with self._errors("write the batch"), self._transaction() as conn:
             seen = self._read(conn, key, lock=False)
-            self._check_fence(key, batch, seen)
+            refuse_older_fence(key, batch.fence, seen)
             if seen is not None and seen.holds(batch, sequence):
                 yield None
                 return
             yield SqlWriter(conn, self._table)
             row = self._read(conn, key, lock=True)
-            self._check_fence(key, batch, row)
+            refuse_older_fence(key, batch.fence, row)
             if row != seen:
                 raise SinkError(
                     f"The position record of {key} in {self.describe()} changed while the batch "
@@ -202,7 +201,7 @@ class SqlSink:
             )
             if written.rowcount != 1:
                 now = self._read(conn, key, lock=False)
-                self._check_fence(key, batch, now)
+                refuse_older_fence(key, batch.fence, now)
                 raise SinkError(
                     f"The position record of {key} in {self.describe()} changed while the batch "
                     "was committed, under the same fence. The batch was rolled back.",
@@ -273,11 +272,6 @@ class SqlSink:
         query = locked_read(positions, conn.dialect) if lock else sa.select(positions)
         row = conn.execute(query.where(_is(positions, key))).first()
         return _mark(row) if row is not None else None
-
-    @staticmethod
-    def _check_fence(key: PollerKey, batch: Batch, mark: SinkMark | None) -> None:
-        if mark is not None and mark.fence > batch.fence:
-            raise SinkFencedError(key.poller, key.namespace, batch.fence, mark.fence)
 
     def _table(self, conn: sa.Connection, name: str) -> sa.Table:
         with self._lock:
