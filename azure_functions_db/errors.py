@@ -209,6 +209,67 @@ class CheckpointCorruptError(StateStoreError):
         )
 
 
+class QuarantineExistsError(RecordExistsError):
+    """A create-only write of a quarantine record found one with the same id already there.
+
+    Read it and write by etag instead (the engine does, when it quarantines the same rows again).
+    """
+
+    def __init__(self, poller: str, namespace: str, record_id: str) -> None:
+        self.record_id = record_id
+        StateStoreError.__init__(
+            self,
+            f"Quarantine record `{record_id}` of poller `{poller}` (namespace `{namespace}`) "
+            "already exists; create-only writes never overwrite.",
+            poller=poller,
+            namespace=namespace,
+        )
+
+
+class QuarantineConflictError(CheckpointConflictError):
+    """A compare-and-set write of a quarantine record found another version (or none).
+
+    Someone else (another owner's run, another operator command) changed the record since it was
+    read: read it again and decide again.
+    """
+
+    def __init__(
+        self, poller: str, namespace: str, record_id: str, *, expected_etag: str, found: str | None
+    ) -> None:
+        self.record_id = record_id
+        self.expected_etag, self.found_etag = expected_etag, found
+        self.fence = self.found_fence = None
+        self.reason = "the record is gone" if found is None else "another writer changed it"
+        StateStoreError.__init__(
+            self,
+            f"Quarantine record `{record_id}` of poller `{poller}` (namespace `{namespace}`) "
+            f"was changed by another writer (expected etag `{expected_etag}`, found "
+            f"`{found}`): {self.reason}. Read it again (`afdb quarantine show`) and retry.",
+            poller=poller,
+            namespace=namespace,
+        )
+
+
+class QuarantineCorruptError(CheckpointCorruptError):
+    """A stored quarantine record cannot be decoded. It is never overwritten.
+
+    ``afdb quarantine list`` shows it as unreadable; restore it from a backup, or move it aside
+    (its rows are in the source table, at the positions the error names, unless deleted since).
+    """
+
+    def __init__(self, poller: str, namespace: str, record_id: str, detail: str) -> None:
+        self.detail = detail
+        self.record_id = record_id
+        StateStoreError.__init__(
+            self,
+            f"Quarantine record `{record_id}` of poller `{poller}` (namespace `{namespace}`) "
+            f"cannot be read: {detail}. It was left untouched; restore it from a backup or move "
+            "it aside.",
+            poller=poller,
+            namespace=namespace,
+        )
+
+
 class CodecError(AfdbError, ValueError):
     """A value cannot be encoded into, or decoded from, a checkpoint (an unsupported type, or a
     stored value whose tag is unknown). Sources refuse such a column when they open; a stored

@@ -11,9 +11,14 @@ Schema 1 (``"schema": 1``)::
       "committed_at": {"t": "datetime_tz", "v": "..."} | null,
       "attempts": 0,              # consecutive failures at `position`
       "last_error": null | "...", # short description of the latest failure
-      "stats": {"batches": 12, "rows": 11950},
-      "seek": null | {...}        # audit of the latest operator seek
+      "stats": {"batches": 12, "rows": 11950, "quarantined": 1},
+      "seek": null | {...},       # audit of the latest operator seek
+      "health": null | {...}      # how the latest runs went (liveness; see RunHealth)
     }
+
+``stats.quarantined`` counts rows the checkpoint moved past into quarantine records (they are
+not in ``rows``, and their batches are not in ``batches``: a transactional sink numbers batches
+by ``batches``). Keys added later are optional, so records written before them still decode.
 
 Stores persist the bytes of :func:`encode_checkpoint` and hand back what
 :func:`decode_checkpoint` makes of them; a record that does not decode is never overwritten.
@@ -24,7 +29,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from azure_functions_db.core.position import Position, decode_value, encode_value
 from azure_functions_db.errors import CodecError, PositionNotForwardError, StaleFenceError
@@ -120,6 +125,68 @@ class SeekAudit:
 class CheckpointStats:
     batches: int = 0
     rows: int = 0
+    quarantined: int = 0
+
+
+Health = Literal["healthy", "stalled", "falling_behind"]
+HEALTH_STATES: tuple[Health, ...] = ("healthy", "stalled", "falling_behind")
+
+
+@dataclass(frozen=True)
+class RunHealth:
+    """How a poller's latest runs went, as the runs saw it (liveness, ``afdb status``).
+
+    ``state`` is what the latest run decided: ``stalled`` when no run succeeded for
+    ``stall_after`` seconds, ``falling_behind`` when the backlog grew over that many consecutive
+    runs (``lag_grew``). ``lag_rows`` is capped (``None``: not measured), ``lag_seconds`` is the
+    age of the oldest undelivered row (date-time cursors only).
+    """
+
+    last_run_at: dt.datetime
+    last_status: str
+    last_success_at: dt.datetime | None = None
+    failing_since: dt.datetime | None = None
+    lag_rows: int | None = None
+    lag_seconds: float | None = None
+    lag_grew: int = 0
+    state: Health = "healthy"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "last_run_at": encode_value(self.last_run_at),
+            "last_status": self.last_status,
+            "last_success_at": _time_or_none(self.last_success_at),
+            "failing_since": _time_or_none(self.failing_since),
+            "lag_rows": self.lag_rows,
+            "lag_seconds": self.lag_seconds,
+            "lag_grew": self.lag_grew,
+            "state": self.state,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> RunHealth:
+        if not isinstance(data, dict) or data.get("state") not in HEALTH_STATES:
+            raise CodecError(f"`health` must be an object with a known state, found `{data!r}`")
+        lag_rows, lag_seconds = data.get("lag_rows"), data.get("lag_seconds")
+        if lag_rows is not None and (not isinstance(lag_rows, int) or lag_rows < 0):
+            raise CodecError(f"`health.lag_rows` must be a count, found `{lag_rows!r}`")
+        if lag_seconds is not None and not isinstance(lag_seconds, int | float):
+            raise CodecError(f"`health.lag_seconds` must be a number, found `{lag_seconds!r}`")
+        last_run_at = _time_or_none_from(data.get("last_run_at"), "health.last_run_at")
+        if last_run_at is None:
+            raise CodecError("`health.last_run_at` is missing")
+        return cls(
+            last_run_at=last_run_at,
+            last_status=_str(data, "last_status"),
+            last_success_at=_time_or_none_from(
+                data.get("last_success_at"), "health.last_success_at"
+            ),
+            failing_since=_time_or_none_from(data.get("failing_since"), "health.failing_since"),
+            lag_rows=lag_rows,
+            lag_seconds=float(lag_seconds) if lag_seconds is not None else None,
+            lag_grew=_int(data, "lag_grew"),
+            state=data["state"],
+        )
 
 
 @dataclass(frozen=True)
@@ -135,6 +202,7 @@ class Checkpoint:
     last_error: str | None = None
     stats: CheckpointStats = field(default_factory=CheckpointStats)
     seek: SeekAudit | None = None
+    health: RunHealth | None = None
 
     def fenced(self, fence: int, source: SourceDescription | None = None) -> Checkpoint:
         """This record claimed by the owner holding ``fence`` (the write right after acquire).
@@ -190,8 +258,35 @@ class Checkpoint:
             committed_at=at,
             attempts=0,
             last_error=None,
-            stats=CheckpointStats(batches=self.stats.batches + 1, rows=self.stats.rows + rows),
+            stats=replace(self.stats, batches=self.stats.batches + 1, rows=self.stats.rows + rows),
         )
+
+    def quarantined(
+        self,
+        position: Position,
+        *,
+        fence: int,
+        at: dt.datetime,
+        rows: int,
+        read_after: Position | None,
+    ) -> Checkpoint:
+        """The record moved past ``rows`` rows ending at ``position`` that a quarantine record
+        holds now (written first, by the caller): the rules of :meth:`advanced`, but counted
+        as quarantined, not delivered (``batches`` and ``rows`` stay; a sink numbers its
+        batches by ``batches``)."""
+        moved = self.advanced(
+            position, fence=fence, at=at, rows=0, source=None, read_after=read_after
+        )
+        stats = CheckpointStats(
+            batches=self.stats.batches,
+            rows=self.stats.rows,
+            quarantined=self.stats.quarantined + rows,
+        )
+        return replace(moved, stats=stats)
+
+    def with_health(self, health: RunHealth) -> Checkpoint:
+        """This record with ``health`` (written by a run as it ends; changes nothing else)."""
+        return replace(self, health=health)
 
     def failed(self, *, fence: int, error: str) -> Checkpoint:
         """The record after a failed attempt at the current position (attempts + 1)."""
@@ -246,8 +341,13 @@ def encode_checkpoint(cp: Checkpoint) -> bytes:
         "committed_at": encode_value(cp.committed_at) if cp.committed_at else None,
         "attempts": cp.attempts,
         "last_error": cp.last_error,
-        "stats": {"batches": cp.stats.batches, "rows": cp.stats.rows},
+        "stats": {
+            "batches": cp.stats.batches,
+            "rows": cp.stats.rows,
+            "quarantined": cp.stats.quarantined,
+        },
         "seek": cp.seek.to_json() if cp.seek else None,
+        "health": cp.health.to_json() if cp.health else None,
     }
     return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
@@ -279,6 +379,7 @@ def decode_checkpoint(data: bytes) -> Checkpoint:
         raise CodecError("`stats` must be an object")
     source = doc.get("source")
     seek = doc.get("seek")
+    health = doc.get("health")
     last_error = doc.get("last_error")
     if last_error is not None and not isinstance(last_error, str):
         raise CodecError("`last_error` must be a string")
@@ -290,9 +391,27 @@ def decode_checkpoint(data: bytes) -> Checkpoint:
         committed_at=committed_at,
         attempts=_int(doc, "attempts"),
         last_error=last_error,
-        stats=CheckpointStats(batches=_int(stats, "batches"), rows=_int(stats, "rows")),
+        stats=CheckpointStats(
+            batches=_int(stats, "batches"),
+            rows=_int(stats, "rows"),
+            quarantined=_int(stats, "quarantined") if "quarantined" in stats else 0,
+        ),
         seek=SeekAudit.from_json(seek) if seek is not None else None,
+        health=RunHealth.from_json(health) if health is not None else None,
     )
+
+
+def _time_or_none(value: dt.datetime | None) -> Any:
+    return encode_value(value) if value is not None else None
+
+
+def _time_or_none_from(data: Any, name: str) -> dt.datetime | None:
+    if data is None:
+        return None
+    value = decode_value(data)
+    if not isinstance(value, dt.datetime):
+        raise CodecError(f"`{name}` must be a datetime")
+    return value
 
 
 def _position_or_none(data: Any) -> Position | None:

@@ -21,7 +21,16 @@ class PollerConfig:
             host's ``functionTimeout``).
         lease_duration: Seconds a lease lives without renewal (Azure allows 15-60).
         max_attempts: Failures of the same batch after which it is reported as poison.
-        poison: ``halt`` keeps retrying the batch on every run and reports ``PoisonBatchError``.
+        poison: ``halt`` keeps retrying the batch on every run and reports ``PoisonBatchError``;
+            ``quarantine`` stores the batch in a quarantine record (written before the checkpoint
+            moves past it) and goes on (``afdb quarantine`` lists, replays and drops them).
+        bisect: With ``quarantine``: split a poison batch in halves until the failing rows are
+            alone, so the good rows still reach the handler (and only the bad ones are parked).
+        stall_after: Seconds without a successful run after which a run reports the poller
+            ``stalled`` (and the same number of runs in a row with a growing backlog,
+            ``falling_behind``, is ``stall_runs``); ``None``: not judged.
+        stall_runs: Consecutive runs with a growing backlog that make a poller
+            ``falling_behind``.
         infra_retries: Bounded retries (with backoff and jitter) of transient database and
             storage errors within a run.
         retry_delay: Base delay of that backoff, in seconds.
@@ -40,13 +49,16 @@ class PollerConfig:
     time_budget: float = 240.0
     lease_duration: float = 30.0
     max_attempts: int = 5
-    poison: Literal["halt"] = "halt"
+    poison: Literal["halt", "quarantine"] = "halt"
+    bisect: bool = True
     infra_retries: int = 3
     retry_delay: float = 0.5
     health_interval: float = 300.0
     record: str | None = None
     chunk: str | None = None
     hold_warning: float = 300.0
+    stall_after: float | None = None
+    stall_runs: int = 5
 
     def __post_init__(self) -> None:
         _check_name("poller name", self.name)
@@ -58,11 +70,17 @@ class PollerConfig:
         _check_positive("lease_duration", self.lease_duration, "seconds, 15 to 60 on Azure")
         _check_positive("max_attempts", self.max_attempts, "e.g. `max_attempts=5`", integer=True)
         _check_positive("hold_warning", self.hold_warning, "seconds, e.g. `hold_warning=300`")
-        if self.poison != "halt":
+        if self.poison not in ("halt", "quarantine"):
             raise ConfigurationError(
                 f'Unknown poison policy `{self.poison!r}`; use `poison="halt"` (keep retrying the '
-                "batch and alert)."
+                'batch and alert) or `poison="quarantine"` (park it in a quarantine record and '
+                "go on; replay it later with `afdb quarantine replay`)."
             )
+        if not isinstance(self.bisect, bool):
+            raise ConfigurationError(f"`bisect={self.bisect!r}` must be True or False.")
+        if self.stall_after is not None:
+            _check_positive("stall_after", self.stall_after, "seconds, e.g. `stall_after=300`")
+        _check_positive("stall_runs", self.stall_runs, "runs, e.g. `stall_runs=5`", integer=True)
         if self.time_budget <= self.lease_duration / 3:
             raise ConfigurationError(
                 f"`time_budget={self.time_budget}` is too short for `lease_duration="

@@ -8,17 +8,20 @@ or on another instance) delivers it again: at-least-once, never a silent skip.
 
 from __future__ import annotations
 
+import datetime as dt
 import inspect
 import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from azure_functions_db.core.batch import Batch, Change
 from azure_functions_db.core.checkpoint import Checkpoint, SourceDescription
 from azure_functions_db.core.claim import Claim, Claimer
 from azure_functions_db.core.clock import Clock
 from azure_functions_db.core.config import PollerConfig as PollerConfig  # noqa: PLC0414 - re-export
+from azure_functions_db.core.engine_health import HealthRuns
+from azure_functions_db.core.engine_poison import PoisonRuns, _QuarantineDue
 from azure_functions_db.core.handler import HANDLER_LOOP, check_handler, check_result
 from azure_functions_db.core.logs import log_event
 from azure_functions_db.core.observe import RunObserver, guarded
@@ -33,6 +36,7 @@ from azure_functions_db.core.ports import (
     SourceRow,
     StateStore,
     TransactionalSink,
+    ZonedSource,
 )
 from azure_functions_db.core.position import Position
 from azure_functions_db.core.retry import Retrying
@@ -62,11 +66,9 @@ Handler = (
     | Callable[[Batch, Any], None]
     | Callable[[Batch, Any], Awaitable[None]]
 )
-_UNBOUNDED = Horizon(bound=None, method="none")
-T = TypeVar("T")
 
 
-class Engine:
+class Engine(PoisonRuns, HealthRuns):
     """Runs one poller: a source, a state store and a handler, under a lease.
 
     One engine per poller per process; :meth:`run` is one timer invocation. Not re-entrant:
@@ -114,6 +116,7 @@ class Engine:
             source if isinstance(source, ChangeSource) and self._acknowledger is None else None
         )
         self._backlog = source if isinstance(source, BacklogSource) else None
+        self._zone = source.cursor_timezone if isinstance(source, ZonedSource) else dt.UTC
 
     # -- the run ------------------------------------------------------------------------------
 
@@ -131,8 +134,10 @@ class Engine:
         try:
             self._run(settings, report)
         except BaseException as exc:
+            self._record_health(report, exc)
             self.observer.run_finished(report, self.clock.monotonic() - began, exc)
             raise
+        self._record_health(report, None)
         self.observer.run_finished(report, self.clock.monotonic() - began, None)
         return report
 
@@ -207,12 +212,12 @@ class Engine:
                 continue
             batch = self._batch(claim.checkpoint, claim.fence, changes)
             keeper.ensure_held()
-            self._call_handler(batch, claim)
-            self._commit(batch, claim)
-            self.observer.batch_committed(batch, self.clock.monotonic() - batch_start)
-            self._acknowledge(rows, batch)
-            report.batches += 1
-            report.rows += len(batch)
+            try:
+                self._call_handler(batch, claim)
+            except _QuarantineDue as due:
+                self._set_aside(batch, rows, claim, due, report)
+            else:
+                self._delivered(batch, rows, claim, report, batch_start)
             report.position = claim.checkpoint.position
             if len(changes) < cfg.batch_size:
                 if final:
@@ -221,27 +226,6 @@ class Engine:
                 horizon = None
             else:
                 fresh = False
-
-    def _caught_up(self, report: RunReport, horizon: Horizon, position: Position | None) -> None:
-        """Everything below the horizon is read: ``caught_up``, or ``held_by_horizon`` when
-        an open transaction holds the bound and rows above it are waiting (a stall that is
-        correct, and reported, never shown as caught up)."""
-        report.status = "caught_up"
-        hold = horizon.hold
-        if hold is None or self._backlog is None:
-            return
-        if self._retrying(self._backlog.rows_after, position, _UNBOUNDED, 1) == 0:
-            return
-        age = max(0.0, (self.clock.now() - hold.since).total_seconds())
-        report.status, report.held_by, report.held_seconds = "held_by_horizon", hold.holder, age
-        self._log(
-            logging.WARNING if age >= self.config.hold_warning else logging.INFO,
-            "horizon_held",
-            held_by=hold.holder,
-            held_seconds=f"{age:.0f}",
-            method=horizon.method,
-            note="rows_wait_for_this_open_transaction",
-        )
 
     def _fetch(
         self, after: Position | None, horizon: Horizon
@@ -347,6 +331,8 @@ class Engine:
             self.observer.handler_failed(batch, failed.attempts)
             if interrupted:
                 raise
+            if failed.attempts >= cfg.max_attempts and cfg.poison == "quarantine":
+                raise _QuarantineDue(exc, failed.attempts) from exc
             if failed.attempts >= cfg.max_attempts:
                 # The alert: same batch, max_attempts failures. Nothing is skipped; an
                 # operator fixes the cause or moves past it with `afdb seek`.
@@ -363,6 +349,21 @@ class Engine:
                     cfg.key.poller, cfg.namespace, failed.attempts, len(batch)
                 ) from exc
             raise HandlerError(cfg.key.poller, cfg.namespace, failed.attempts, len(batch)) from exc
+
+    def _delivered(
+        self,
+        batch: Batch,
+        rows: Sequence[SourceRow],
+        claim: Claim,
+        report: RunReport,
+        began: float,
+    ) -> None:
+        """The handler took ``batch``: commit it, then tell the observer and the source."""
+        self._commit(batch, claim)
+        self.observer.batch_committed(batch, self.clock.monotonic() - began)
+        self._acknowledge(rows, batch)
+        report.batches += 1
+        report.rows += len(batch)
 
     def _invoke(self, batch: Batch, claim: Claim) -> None:
         """Call the handler; with a sink, inside the sink transaction that also stores the

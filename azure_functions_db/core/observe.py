@@ -10,6 +10,7 @@ such error and carries on.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -17,8 +18,41 @@ from typing import Literal, Protocol
 from azure_functions_db.core.batch import Batch
 from azure_functions_db.core.logs import log_event
 from azure_functions_db.core.position import Position
+from azure_functions_db.errors import (
+    CheckpointConflictError,
+    HandlerError,
+    LeaseLostError,
+    PoisonBatchError,
+)
 
 logger = logging.getLogger(__name__)
+
+#: The most rows a run counts when it measures the backlog it leaves (``RunReport.lag_rows``).
+LAG_CAP = 10_000
+
+
+def cursor_age(position: Position | None, now: dt.datetime, zone: dt.tzinfo) -> float | None:
+    """Seconds from the leading cursor value of ``position`` to ``now``, for date-time cursors
+    (a naive one read in ``zone``); ``None`` for other cursors. Never negative (the clocks of
+    the database and this machine differ a little)."""
+    value = position.cursor[0] if position is not None else None
+    if not isinstance(value, dt.datetime):
+        return None
+    if value.utcoffset() is None:
+        value = value.replace(tzinfo=zone)
+    return max(0.0, (now - value).total_seconds())
+
+
+def run_error_status(error: BaseException) -> str:
+    """How a run that raised ``error`` ended, as ``afdb.status`` and the health record name it:
+    ``poison``, ``handler_failed``, ``lease_lost`` or ``failed``."""
+    if isinstance(error, PoisonBatchError):
+        return "poison"
+    if isinstance(error, HandlerError):
+        return "handler_failed"
+    if isinstance(error, LeaseLostError | CheckpointConflictError):
+        return "lease_lost"
+    return "failed"
 
 
 @dataclass
@@ -28,6 +62,11 @@ class RunReport:
     ``status`` is ``caught_up``, ``budget_spent``, ``lease_held`` or ``held_by_horizon``: the
     run read everything below the horizon, but rows above it wait for an open transaction
     (``held_by`` says which, ``held_seconds`` for how long) — never shown as caught up.
+    ``quarantined`` rows were parked in the quarantine ``records`` (ids) under
+    ``poison="quarantine"``. ``lag_rows`` (capped) and ``lag_seconds`` (age of the oldest
+    undelivered row, date-time cursors) are the backlog as the run ended (``None``: not known).
+    ``health`` is the poller's liveness state after the run (``healthy``, ``stalled``,
+    ``falling_behind``; ``None``: not recorded) and ``last_success`` its last successful run.
     """
 
     poller: str
@@ -42,6 +81,12 @@ class RunReport:
     warnings: list[str] = field(default_factory=list)
     held_by: str | None = None
     held_seconds: float | None = None
+    quarantined: int = 0
+    records: list[str] = field(default_factory=list)
+    lag_rows: int | None = None
+    lag_seconds: float | None = None
+    health: str | None = None
+    last_success: dt.datetime | None = None
 
 
 class RunObserver(Protocol):
@@ -64,6 +109,11 @@ class RunObserver(Protocol):
 
         When it reaches ``max_attempts`` the run then ends with ``PoisonBatchError``.
         """
+        ...
+
+    def batch_quarantined(self, batch: Batch, record: str) -> None:
+        """``batch`` was parked in quarantine record ``record`` and the checkpoint moved past
+        it (``poison="quarantine"``)."""
         ...
 
     def commit_rejected(self, batch: Batch) -> None:
@@ -90,6 +140,9 @@ class NullObserver:
         """Do nothing."""
 
     def handler_failed(self, batch: Batch, attempt: int) -> None:
+        """Do nothing."""
+
+    def batch_quarantined(self, batch: Batch, record: str) -> None:
         """Do nothing."""
 
     def commit_rejected(self, batch: Batch) -> None:
@@ -126,6 +179,12 @@ class _Guarded:
             self.inner.handler_failed(batch, attempt)
         except Exception as exc:  # noqa: BLE001
             self._failed("handler_failed", exc)
+
+    def batch_quarantined(self, batch: Batch, record: str) -> None:
+        try:
+            self.inner.batch_quarantined(batch, record)
+        except Exception as exc:  # noqa: BLE001
+            self._failed("batch_quarantined", exc)
 
     def commit_rejected(self, batch: Batch) -> None:
         try:

@@ -8,6 +8,7 @@ unchanged; an adapter that behaves differently from the contract is a bug, fakes
 - :class:`CheckpointStore`: one versioned record per poller, written only by compare-and-set.
 - :class:`LeaseManager`: one exclusive, expiring lease per poller with a fencing counter.
 - :class:`StateStore`: both of the above, in one place (Blob, Table, local file, memory).
+- :class:`QuarantineStore`: the records of quarantined batches, kept with the checkpoints.
 - :class:`TransactionalSink`: a target that commits a batch's writes and the poller's position
   in one transaction, and refuses writers of an older fence.
 """
@@ -23,6 +24,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from azure_functions_db.core.batch import Batch, Change
 from azure_functions_db.core.checkpoint import Checkpoint, PollerKey, SourceDescription
 from azure_functions_db.core.position import KeyValue, Position
+from azure_functions_db.core.quarantine import QuarantineRecord
 from azure_functions_db.errors import SinkFencedError
 
 # --------------------------------------------------------------------------------------------
@@ -146,9 +148,54 @@ class LeaseManager(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class StoredQuarantine:
+    """A quarantine record as read from a store, with the etag of this version."""
+
+    record: QuarantineRecord
+    etag: str
+
+
 @runtime_checkable
-class StateStore(CheckpointStore, LeaseManager, Protocol):
-    """Checkpoints and leases of pollers kept in one place.
+class QuarantineStore(Protocol):
+    """Records of quarantined batches (:mod:`azure_functions_db.core.quarantine`), kept where
+    the poller's checkpoint is, each changed only by etag compare-and-set.
+
+    Records have no size limit a batch could reach (a store whose entities are small splits a
+    record and writes the part that makes it visible last), and a record is either wholly
+    readable or absent: never half written.
+    """
+
+    def put_quarantined(self, record: QuarantineRecord) -> str:
+        """Store ``record`` only if no record with its key and id exists; return the etag.
+
+        Raises ``RecordExistsError`` when one exists (even a corrupt one).
+        """
+        ...
+
+    def read_quarantined(self, key: PollerKey, record_id: str) -> StoredQuarantine | None:
+        """The record ``record_id`` of ``key`` and its etag, or ``None`` when there is none.
+
+        Raises ``CheckpointCorruptError`` when it exists but does not decode or belongs to
+        another poller or id.
+        """
+        ...
+
+    def replace_quarantined(self, record: QuarantineRecord, etag: str) -> str:
+        """Overwrite the record only if its current etag is ``etag``; return the new etag.
+
+        Raises ``CheckpointConflictError`` when the etag differs or the record is gone.
+        """
+        ...
+
+    def list_quarantined(self, key: PollerKey) -> Sequence[str]:
+        """The ids of ``key``'s records, sorted (no other poller's, not the checkpoints)."""
+        ...
+
+
+@runtime_checkable
+class StateStore(CheckpointStore, LeaseManager, QuarantineStore, Protocol):
+    """Checkpoints, leases and quarantine records of pollers kept in one place.
 
     ``describe()`` returns a one-line, secret-free description for logs and ``status``.
     """

@@ -60,7 +60,9 @@ class PollerBlueprint(func.Blueprint):
         time_budget: float = 240.0,
         lease_duration: float = 30.0,
         max_attempts: int = 5,
-        poison: Literal["halt"] = "halt",
+        poison: Literal["halt", "quarantine"] = "halt",
+        bisect: bool = True,
+        stall_intervals: int = 5,
         run_on_startup: bool = False,
         use_monitor: bool | None = None,
         retry: FunctionsRetry | None = None,
@@ -90,7 +92,17 @@ class PollerBlueprint(func.Blueprint):
                 host's ``functionTimeout``.
             lease_duration: Seconds the lease lives without renewal (15-60 on Azure).
             max_attempts: Failures of one batch before it is reported as poison.
-            poison: Poison policy; ``"halt"`` retries the batch on every run and alerts.
+            poison: Poison policy: ``"halt"`` retries the batch on every run and alerts;
+                ``"quarantine"`` parks it in a quarantine record in the state store (written
+                before the checkpoint moves past it) and goes on; ``afdb quarantine`` lists,
+                replays and drops the records (``docs/operations.md``).
+            bisect: With ``"quarantine"``: split a poison batch until its failing rows are
+                alone, so the good rows still reach the handler and only the bad ones are
+                parked. ``False`` parks the whole batch.
+            stall_intervals: Schedule intervals without a successful run after which the
+                poller counts as ``stalled`` (and runs in a row with a growing backlog after
+                which it is ``falling_behind``): logged once per change of state, shown by
+                ``afdb status``.
             run_on_startup: Passed to the timer trigger: also run when the host starts (and on
                 every scale-out or restart). Harmless, since the lease keeps runs apart.
             use_monitor: Passed to the timer trigger (schedule monitoring, which lets the host
@@ -119,6 +131,8 @@ class PollerBlueprint(func.Blueprint):
             lease_duration=lease_duration,
             max_attempts=max_attempts,
             poison=poison,
+            bisect=bisect,
+            stall_runs=stall_intervals,
             hold_warning=hold_warning,
         )
         validate_schedule(schedule, name)

@@ -24,15 +24,15 @@ from typing import TYPE_CHECKING
 from azure_functions_db.core.batch import Batch
 from azure_functions_db.core.clock import Clock, SystemClock
 from azure_functions_db.core.logs import log_event
-from azure_functions_db.core.observe import RunObserver, RunReport
+from azure_functions_db.core.observe import (
+    LAG_CAP,
+    RunObserver,
+    RunReport,
+    cursor_age,
+    run_error_status,
+)
 from azure_functions_db.core.ports import BacklogSource, Source, ZonedSource
 from azure_functions_db.core.position import Position
-from azure_functions_db.errors import (
-    CheckpointConflictError,
-    HandlerError,
-    LeaseLostError,
-    PoisonBatchError,
-)
 from azure_functions_db.runtime.settings import AppSettings
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 #: Name of the OpenTelemetry meter (the instrumentation scope) of every instrument.
 METER_NAME = "azure_functions_db"
 #: Most rows the ``afdb.lag.rows_behind`` count reads; a backlog this large reports the cap.
-ROWS_BEHIND_CAP = 10_000
+ROWS_BEHIND_CAP = LAG_CAP
 
 POLLER = "afdb.poller"
 NAMESPACE = "afdb.namespace"
@@ -80,20 +80,11 @@ def run_status(report: RunReport, error: BaseException | None) -> str:
     """The ``afdb.status`` of a run: how it ended.
 
     ``caught_up``, ``held_by_horizon``, ``budget_spent`` or ``lease_held`` for a run that
-    returned; ``poison``,
-    ``handler_failed``, ``lease_lost`` (another owner took the poller: lease lost, fence behind,
-    commit rejected) or ``failed`` (anything else, e.g. the database or storage) for one that
-    raised.
+    returned; ``poison``, ``handler_failed``, ``lease_lost`` (another owner took the poller:
+    lease lost, fence behind, commit rejected) or ``failed`` (anything else, e.g. the database
+    or storage) for one that raised.
     """
-    if error is None:
-        return report.status
-    if isinstance(error, PoisonBatchError):
-        return "poison"
-    if isinstance(error, HandlerError):
-        return "handler_failed"
-    if isinstance(error, LeaseLostError | CheckpointConflictError):
-        return "lease_lost"
-    return "failed"
+    return report.status if error is None else run_error_status(error)
 
 
 class OtelMetrics:
@@ -151,6 +142,11 @@ class OtelMetrics:
         self._failures = count(
             "afdb.handler.failures", "{failure}", "Handler calls that raised (batch not acked)."
         )
+        self._quarantined = count(
+            "afdb.rows.quarantined",
+            "{row}",
+            'Rows parked in quarantine records (poison="quarantine"); replay them by command.',
+        )
         self._acquired = count("afdb.lease.acquired", "{lease}", "Runs that took the lease.")
         self._lost = count(
             "afdb.lease.lost", "{lease}", "Runs that ended because another owner took over."
@@ -172,6 +168,17 @@ class OtelMetrics:
             "afdb.lag.rows_behind",
             unit="{row}",
             description=f"Rows still to read after a run (at most {rows_behind_cap}).",
+        )
+        self._stalled = meter.create_gauge(
+            "afdb.health.stalled",
+            unit="1",
+            description="1 while the poller is stalled or falling behind (afdb.health says "
+            "which), 0 when healthy; set by every run that records its health.",
+        )
+        self._success_age = meter.create_gauge(
+            "afdb.health.success_age",
+            unit="s",
+            description="Seconds since the poller's last successful run, as a run ends.",
         )
         self._held = meter.create_gauge(
             "afdb.horizon.held",
@@ -200,6 +207,10 @@ class OtelMetrics:
         """Count a handler failure."""
         self._failures.add(1, self._attrs(batch.poller, batch.namespace))
 
+    def batch_quarantined(self, batch: Batch, record: str) -> None:
+        """Count the rows parked in quarantine."""
+        self._quarantined.add(len(batch), self._attrs(batch.poller, batch.namespace))
+
     def commit_rejected(self, batch: Batch) -> None:
         """Count a rejected commit."""
         self._rejected.add(1, self._attrs(batch.poller, batch.namespace))
@@ -217,11 +228,21 @@ class OtelMetrics:
             self._lost.add(1, attrs)
         if status in ("caught_up", "held_by_horizon"):
             self._held.set(report.held_seconds or 0.0, attrs)
+        if report.health is not None:
+            stalled = 0 if report.health == "healthy" else 1
+            self._stalled.set(stalled, {**attrs, "afdb.health": report.health})
+            if report.last_success is not None:
+                quiet = (self._clock.now() - report.last_success).total_seconds()
+                self._success_age.set(max(0.0, quiet), attrs)
         if status == "caught_up":
             self._rows_behind.set(0, attrs)
         elif status in ("budget_spent", "handler_failed", "poison"):
             # The run stopped short of the end, at the checkpoint's position.
-            behind = self._count_behind(report)
+            behind = (
+                min(report.lag_rows, self._cap)
+                if report.lag_rows is not None
+                else self._count_behind(report)
+            )
             if behind is not None:
                 self._rows_behind.set(behind, attrs)
             if status != "budget_spent":
@@ -240,13 +261,7 @@ class OtelMetrics:
 
     def _age(self, position: Position | None) -> float | None:
         """Seconds from the leading cursor value of ``position`` to now, for date-time cursors."""
-        value = position.cursor[0] if position is not None else None
-        if not isinstance(value, dt.datetime):
-            return None
-        if value.utcoffset() is None:
-            value = value.replace(tzinfo=self._zone)
-        # Clocks of the database and this machine differ a little; a negative lag means none.
-        return max(0.0, (self._clock.now() - value).total_seconds())
+        return cursor_age(position, self._clock.now(), self._zone)
 
     def _count_behind(self, report: RunReport) -> int | None:
         source = self._source

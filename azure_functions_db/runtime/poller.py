@@ -6,6 +6,8 @@ the same wherever it runs. Settings (``%NAME%``) are resolved at run time from t
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import logging
 import os
 import socket
@@ -24,6 +26,7 @@ from azure_functions_db.core.settings import setting_value
 from azure_functions_db.errors import ConfigurationError
 from azure_functions_db.observers.telemetry import metrics_observer
 from azure_functions_db.runtime.settings import AppSettings
+import itertools
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +60,14 @@ def validate_schedule(schedule: str, poller: str) -> None:
             '{day-of-week}`, e.g. `"0 */5 * * * *"` (every 5 minutes) or `"*/30 * * * * *"` '
             "(every 30 seconds). Use `%SETTING%` to read it from an app setting."
         )
+
+
+def schedule_interval(schedule: str, now: dt.datetime) -> float:
+    """The longest gap between the next few fires of an NCRONTAB ``schedule`` after ``now``
+    (seconds): what "one interval" means for liveness, even on an irregular schedule."""
+    fires = croniter(schedule, now, second_at_beginning=True)
+    times = [fires.get_next(dt.datetime) for _ in range(9)]
+    return max((b - a).total_seconds() for a, b in itertools.pairwise(times))
 
 
 def default_owner() -> str:
@@ -145,8 +156,9 @@ class PollerDefinition:
         with self._lock:
             if self._engine is None:
                 env = os.environ if settings is None else settings
+                config = dataclasses.replace(self.config, stall_after=self.stall_after(env))
                 self._engine = Engine(
-                    self.config,
+                    config,
                     self.source,
                     self.store(settings),
                     self.handler,
@@ -156,6 +168,16 @@ class PollerDefinition:
                     sink=self.sink,
                 )
             return self._engine
+
+    def stall_after(self, settings: Mapping[str, str]) -> float | None:
+        """Seconds without a successful run after which this poller counts as stalled:
+        ``stall_intervals`` schedule intervals (``None`` when the schedule's setting is not
+        set here)."""
+        try:
+            schedule = resolve_schedule(self.schedule, settings, self.name)
+        except ConfigurationError:
+            return None
+        return self.config.stall_runs * schedule_interval(schedule, self.clock.now())
 
     def run_once(self, settings: Mapping[str, str] | None = None) -> RunReport:
         """One run with settings from ``settings`` (default: the environment, read now)."""

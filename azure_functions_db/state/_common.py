@@ -17,12 +17,17 @@ from dataclasses import dataclass
 from azure_functions_db.core.checkpoint import Checkpoint, PollerKey, decode_checkpoint
 from azure_functions_db.core.logs import log_event
 from azure_functions_db.core.ports import LeaseGrant, LeaseInfo
+from azure_functions_db.core.quarantine import QuarantineRecord
+from azure_functions_db.core.quarantine import decode_record as decode_q
 from azure_functions_db.errors import (
     CheckpointConflictError,
     CheckpointCorruptError,
     CodecError,
     ConfigurationError,
     LeaseLostError,
+    QuarantineConflictError,
+    QuarantineCorruptError,
+    QuarantineExistsError,
 )
 
 logger = logging.getLogger(__name__)
@@ -209,4 +214,34 @@ def conflict(
         fence=checkpoint.fence,
         found_fence=found_fence,
         reason=reason,
+    )
+
+
+def decode_quarantined(key: PollerKey, record_id: str, data: bytes) -> QuarantineRecord:
+    """Decode a stored quarantine record of ``key``; raises :class:`QuarantineCorruptError`
+    when it does not decode or names another poller or id (a misplaced copy)."""
+    try:
+        record = decode_q(data)
+    except (CodecError, ValueError) as exc:
+        raise QuarantineCorruptError(key.poller, key.namespace, record_id, str(exc)) from exc
+    if record.key != key or record.id != record_id:
+        raise QuarantineCorruptError(
+            key.poller,
+            key.namespace,
+            record_id,
+            f"the record is `{record.id}` of poller `{record.key}`",
+        )
+    return record
+
+
+def quarantine_exists(record: QuarantineRecord) -> QuarantineExistsError:
+    return QuarantineExistsError(record.key.poller, record.key.namespace, record.id)
+
+
+def quarantine_conflict(
+    record: QuarantineRecord, etag: str, found: str | None
+) -> QuarantineConflictError:
+    key = record.key
+    return QuarantineConflictError(
+        key.poller, key.namespace, record.id, expected_etag=etag, found=found
     )

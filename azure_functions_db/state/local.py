@@ -7,6 +7,8 @@ name)::
     <root>/<namespace>/<poller>.checkpoint   "afdb-checkpoint etag=<hex>\\n" + record bytes
     <root>/<namespace>/<poller>.lease        JSON: lease_id, owner, expires_at (epoch s), fence
     <root>/<namespace>/<poller>.lock         empty; ``fcntl.flock`` serialises read-modify-write
+    <root>/<namespace>/<poller>.quarantine/<id>.record
+                                             a quarantine record, with the checkpoint's header
 
 Every change happens under an exclusive ``flock`` on the poller's lock file and lands with
 temp file + fsync + ``os.replace`` + directory fsync, so a reader sees the old or the new file,
@@ -25,13 +27,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
-import errno
 import fcntl
 import functools
 import json
 import os
 import re
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,23 +39,35 @@ from urllib.parse import quote, unquote
 
 from azure_functions_db.core.checkpoint import Checkpoint, PollerKey, encode_checkpoint
 from azure_functions_db.core.clock import Clock, SystemClock
-from azure_functions_db.core.ports import LeaseGrant, LeaseInfo, StoredCheckpoint
+from azure_functions_db.core.ports import (
+    LeaseGrant,
+    LeaseInfo,
+    StoredCheckpoint,
+    StoredQuarantine,
+)
+from azure_functions_db.core.quarantine import QuarantineRecord, encode_record
 from azure_functions_db.errors import (
     CheckpointCorruptError,
     ConfigurationError,
+    QuarantineCorruptError,
     RecordExistsError,
     StateStoreError,
-    TransientStoreError,
 )
 from azure_functions_db.state import _common
+from azure_functions_db.state._files import (
+    fsync_directory,
+    list_dir,
+    os_errors,
+    read_file,
+    write_atomic,
+)
 
 _CHECKPOINT = ".checkpoint"
 _LEASE = ".lease"
 _LOCK = ".lock"
+_QUARANTINE = ".quarantine"
+_RECORD = ".record"
 _HEADER = re.compile(rb"afdb-checkpoint etag=([0-9a-f]{32})")
-_TRANSIENT_ERRNOS = frozenset(
-    {errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR, errno.EBUSY, errno.ETIMEDOUT, errno.ENOLCK}
-)
 
 
 class LocalStateStore:
@@ -93,7 +105,7 @@ class LocalStateStore:
     def read(self, key: PollerKey) -> StoredCheckpoint | None:
         """See :meth:`azure_functions_db.core.ports.CheckpointStore.read`."""
         path = self.checkpoint_path(key)
-        data = _read_file(path)
+        data = read_file(path)
         if data is None:
             return None
         etag, body = _split_record(data)
@@ -119,7 +131,7 @@ class LocalStateStore:
         body = encode_checkpoint(checkpoint)
         path = self.checkpoint_path(key)
         with self._locked(key):
-            data = _read_file(path)
+            data = read_file(path)
             if data is None:
                 raise _common.conflict(checkpoint, etag, None, None)
             found_etag, found_body = _split_record(data)
@@ -140,13 +152,13 @@ class LocalStateStore:
         if namespace is not None:
             directories = [self._root / _encode_name(namespace, "namespace")]
         else:
-            directories = [self._root / name for name in _list_dir(self._root)]
+            directories = [self._root / name for name in list_dir(self._root)]
         keys: list[PollerKey] = []
         for directory in directories:
             ns = _decode_name(directory.name)
             if ns is None or not directory.is_dir():
                 continue
-            for name in _list_dir(directory):
+            for name in list_dir(directory):
                 if not name.endswith(_CHECKPOINT):
                     continue
                 poller = _decode_name(name[: -len(_CHECKPOINT)])
@@ -164,6 +176,66 @@ class LocalStateStore:
         with self._locked(key):
             return _write_record(path, bytes(data))
 
+    # -- QuarantineStore ---------------------------------------------------------------------
+
+    def quarantine_path(self, key: PollerKey, record_id: str) -> Path:
+        """The file holding quarantine record ``record_id`` of ``key`` (it may not exist)."""
+        return self._quarantine_directory(key) / (_encode_name(record_id, "record") + _RECORD)
+
+    def _quarantine_directory(self, key: PollerKey) -> Path:
+        return self._directory(key) / (_encode_name(key.poller, "poller") + _QUARANTINE)
+
+    def put_quarantined(self, record: QuarantineRecord) -> str:
+        """See :meth:`azure_functions_db.core.ports.QuarantineStore.put_quarantined`."""
+        body = encode_record(record)
+        path = self.quarantine_path(record.key, record.id)
+        with self._locked(record.key):
+            self._ensure_directory(path.parent)
+            if os.path.lexists(path):
+                raise _common.quarantine_exists(record)
+            return _write_record(path, body)
+
+    def read_quarantined(self, key: PollerKey, record_id: str) -> StoredQuarantine | None:
+        """See :meth:`azure_functions_db.core.ports.QuarantineStore.read_quarantined`."""
+        path = self.quarantine_path(key, record_id)
+        data = read_file(path)
+        if data is None:
+            return None
+        etag, body = _split_record(data)
+        if etag is None:
+            raise QuarantineCorruptError(
+                key.poller, key.namespace, record_id, f"`{path}` does not start with a valid header"
+            )
+        return StoredQuarantine(_common.decode_quarantined(key, record_id, body), etag)
+
+    def replace_quarantined(self, record: QuarantineRecord, etag: str) -> str:
+        """See :meth:`azure_functions_db.core.ports.QuarantineStore.replace_quarantined`."""
+        body = encode_record(record)
+        path = self.quarantine_path(record.key, record.id)
+        with self._locked(record.key):
+            data = read_file(path)
+            found = _split_record(data)[0] if data is not None else None
+            if found is None or found != etag:
+                raise _common.quarantine_conflict(record, etag, found)
+            return _write_record(path, body)
+
+    def list_quarantined(self, key: PollerKey) -> Sequence[str]:
+        """See :meth:`azure_functions_db.core.ports.QuarantineStore.list_quarantined`."""
+        ids = []
+        for name in list_dir(self._quarantine_directory(key)):
+            if name.endswith(_RECORD):
+                record_id = _decode_name(name[: -len(_RECORD)])
+                if record_id is not None:
+                    ids.append(record_id)
+        return sorted(ids)
+
+    def write_quarantined_raw(self, key: PollerKey, record_id: str, data: bytes) -> None:
+        """Store ``data`` as record ``record_id`` unconditionally (tests: a corrupt record)."""
+        path = self.quarantine_path(key, record_id)
+        with self._locked(key):
+            self._ensure_directory(path.parent)
+            _write_record(path, bytes(data))
+
     # -- LeaseManager ------------------------------------------------------------------------
 
     def acquire(self, key: PollerKey, owner: str, duration: float) -> LeaseGrant | None:
@@ -175,7 +247,7 @@ class LocalStateStore:
             outcome = _common.acquire(record, key, owner, duration, self._lease_now())
             if outcome is None:
                 return None
-            _write_atomic(path, _encode_lease(outcome[0]))
+            write_atomic(path, _encode_lease(outcome[0]))
             return outcome[1]
 
     def renew(self, grant: LeaseGrant) -> None:
@@ -184,7 +256,7 @@ class LocalStateStore:
         with self._locked(grant.key):
             record = _read_lease(path)
             renewed = _common.renew(record, grant, self._lease_now())
-            _write_atomic(path, _encode_lease(renewed))
+            write_atomic(path, _encode_lease(renewed))
 
     def release(self, grant: LeaseGrant) -> None:
         """See :meth:`azure_functions_db.core.ports.LeaseManager.release`."""
@@ -192,7 +264,7 @@ class LocalStateStore:
         with self._locked(grant.key):
             released = _common.release(_read_lease(path), grant)
             if released is not None:
-                _write_atomic(path, _encode_lease(released))
+                write_atomic(path, _encode_lease(released))
 
     def inspect(self, key: PollerKey) -> LeaseInfo:
         """See :meth:`azure_functions_db.core.ports.LeaseManager.inspect`."""
@@ -228,10 +300,10 @@ class LocalStateStore:
         directory = self._directory(key)
         lock_path = directory / (_encode_name(key.poller, "poller") + _LOCK)
         self._ensure_directory(directory)
-        with _os_errors("lock", lock_path):
+        with os_errors("lock", lock_path):
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            with _os_errors("lock", lock_path):
+            with os_errors("lock", lock_path):
                 fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
@@ -241,12 +313,12 @@ class LocalStateStore:
     def _ensure_directory(self, directory: Path) -> None:
         if directory.is_dir():
             return
-        with _os_errors("create the directory", directory):
+        with os_errors("create the directory", directory):
             os.makedirs(directory, exist_ok=True)
             # Make the new directory entries durable before any record lands in them.
-            _fsync_directory(directory.parent)
+            fsync_directory(directory.parent)
         with contextlib.suppress(OSError):
-            _fsync_directory(directory.parent.parent)
+            fsync_directory(directory.parent.parent)
 
 
 def _encode_name(name: str, what: str) -> str:
@@ -270,7 +342,7 @@ def _decode_name(encoded: str) -> str | None:
 
 def _write_record(path: Path, body: bytes) -> str:
     etag = _common.new_etag()
-    _write_atomic(path, b"afdb-checkpoint etag=" + etag.encode("ascii") + b"\n" + body)
+    write_atomic(path, b"afdb-checkpoint etag=" + etag.encode("ascii") + b"\n" + body)
     return etag
 
 
@@ -362,7 +434,7 @@ def _read_lease(path: Path) -> _common.LeaseRecord:
 
 def _read_lease_doc(path: Path) -> tuple[_common.LeaseRecord, Mapping[str, Any]]:
     """The lease record at ``path`` and the JSON document it was decoded from (``{}``: none)."""
-    data = _read_file(path)
+    data = read_file(path)
     if data is None:
         return _common.LeaseRecord(), {}
     try:
@@ -399,62 +471,3 @@ def _read_lease_doc(path: Path) -> tuple[_common.LeaseRecord, Mapping[str, Any]]
         ) from exc
     record = _common.LeaseRecord(fence=fence, lease_id=lease_id, owner=owner, expires_at=expires_at)
     return record, doc
-
-
-def _read_file(path: Path) -> bytes | None:
-    try:
-        with open(path, "rb") as handle:
-            return handle.read()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise _translate(exc, "read", path) from exc
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    temp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
-    with _os_errors("write", path):
-        try:
-            with open(temp, "xb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temp)
-            raise
-        _fsync_directory(path.parent)
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _list_dir(directory: Path) -> list[str]:
-    try:
-        return os.listdir(directory)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    except OSError as exc:
-        raise _translate(exc, "list", directory) from exc
-
-
-@contextlib.contextmanager
-def _os_errors(action: str, path: Path) -> Iterator[None]:
-    try:
-        yield
-    except OSError as exc:
-        raise _translate(exc, action, path) from exc
-
-
-def _translate(exc: OSError, action: str, path: Path) -> StateStoreError:
-    cls = TransientStoreError if exc.errno in _TRANSIENT_ERRNOS else StateStoreError
-    return cls(
-        f"Local state store could not {action} `{path}`: {exc.strerror or exc}. Check that the "
-        "directory is writable by this user and the disk is not full."
-    )

@@ -12,7 +12,13 @@ from collections.abc import Sequence
 
 from azure_functions_db.core.checkpoint import Checkpoint, PollerKey, encode_checkpoint
 from azure_functions_db.core.clock import Clock, SystemClock
-from azure_functions_db.core.ports import LeaseGrant, LeaseInfo, StoredCheckpoint
+from azure_functions_db.core.ports import (
+    LeaseGrant,
+    LeaseInfo,
+    StoredCheckpoint,
+    StoredQuarantine,
+)
+from azure_functions_db.core.quarantine import QuarantineRecord, encode_record
 from azure_functions_db.errors import RecordExistsError
 from azure_functions_db.state import _common
 
@@ -30,6 +36,7 @@ class MemoryStateStore:
         self._lock = threading.Lock()
         self._records: dict[PollerKey, tuple[bytes, str]] = {}
         self._leases: dict[PollerKey, _common.LeaseRecord] = {}
+        self._quarantine: dict[tuple[PollerKey, str], tuple[bytes, str]] = {}
 
     # -- CheckpointStore ---------------------------------------------------------------------
 
@@ -86,6 +93,47 @@ class MemoryStateStore:
             etag = _common.new_etag()
             self._records[key] = (bytes(data), etag)
         return etag
+
+    # -- QuarantineStore ---------------------------------------------------------------------
+
+    def put_quarantined(self, record: QuarantineRecord) -> str:
+        """See :meth:`azure_functions_db.core.ports.QuarantineStore.put_quarantined`."""
+        data = encode_record(record)
+        with self._lock:
+            if (record.key, record.id) in self._quarantine:
+                raise _common.quarantine_exists(record)
+            etag = _common.new_etag()
+            self._quarantine[record.key, record.id] = (data, etag)
+        return etag
+
+    def read_quarantined(self, key: PollerKey, record_id: str) -> StoredQuarantine | None:
+        """See :meth:`azure_functions_db.core.ports.QuarantineStore.read_quarantined`."""
+        with self._lock:
+            stored = self._quarantine.get((key, record_id))
+        if stored is None:
+            return None
+        return StoredQuarantine(_common.decode_quarantined(key, record_id, stored[0]), stored[1])
+
+    def replace_quarantined(self, record: QuarantineRecord, etag: str) -> str:
+        """See :meth:`azure_functions_db.core.ports.QuarantineStore.replace_quarantined`."""
+        data = encode_record(record)
+        with self._lock:
+            stored = self._quarantine.get((record.key, record.id))
+            if stored is None or stored[1] != etag:
+                raise _common.quarantine_conflict(record, etag, stored[1] if stored else None)
+            new = _common.new_etag()
+            self._quarantine[record.key, record.id] = (data, new)
+        return new
+
+    def list_quarantined(self, key: PollerKey) -> Sequence[str]:
+        """See :meth:`azure_functions_db.core.ports.QuarantineStore.list_quarantined`."""
+        with self._lock:
+            return sorted(i for k, i in self._quarantine if k == key)
+
+    def write_quarantined_raw(self, key: PollerKey, record_id: str, data: bytes) -> None:
+        """Store ``data`` as record ``record_id`` unconditionally (tests: a corrupt record)."""
+        with self._lock:
+            self._quarantine[key, record_id] = (bytes(data), _common.new_etag())
 
     # -- LeaseManager ------------------------------------------------------------------------
 

@@ -11,6 +11,9 @@ adapter, subclass it in a test module (pytest collects the subclass, not this ba
         def corrupt(self, store: StateStore, key: PollerKey, data: bytes = GARBAGE) -> None:
             ...  # write `data` as the record of `key`, unconditionally, behind the store's back
 
+        def corrupt_quarantined(self, store, key, record_id, data=GARBAGE) -> None:
+            ...  # the same for quarantine record `record_id` of `key`
+
 A store whose time cannot be controlled (Azure's lease service) sets ``controllable_clock =
 False``, a realistic ``lease_duration`` and ``clock_slack``, and overrides
 :meth:`StateStoreContract.advance` to sleep; the tests that need an exact instant are then
@@ -29,15 +32,17 @@ from azure_functions_db.testing._harness import SOURCE, checkpoint_for
 from azure_functions_db.testing.checkpoint_contract import CheckpointStoreContract
 from azure_functions_db.testing.clock import FakeClock
 from azure_functions_db.testing.lease_contract import LeaseManagerContract
+from azure_functions_db.testing.quarantine_contract import QuarantineStoreContract
 
 __all__ = ["StateStoreContract"]
 
 
-class StateStoreContract(CheckpointStoreContract, LeaseManagerContract):
+class StateStoreContract(CheckpointStoreContract, LeaseManagerContract, QuarantineStoreContract):
     """The contract of :class:`~azure_functions_db.core.ports.StateStore`, run over one adapter.
 
-    Both port suites, plus what needs leases and records together: the fence rule through the
-    core, and leases that leave the checkpoint's etag alone.
+    The port suites (quarantine records included), plus what needs leases and records
+    together: the fence rule through the core, and leases that leave the checkpoint's etag
+    alone.
     """
 
     def test_store_satisfies_the_protocol_and_describes_itself_on_one_line(

@@ -36,6 +36,12 @@ class TestMemoryStateStore(StateStoreContract):
         assert isinstance(store, MemoryStateStore)
         store.write_raw(key, data)
 
+    def corrupt_quarantined(
+        self, store: StateStore, key: PollerKey, record_id: str, data: bytes = GARBAGE
+    ) -> None:
+        assert isinstance(store, MemoryStateStore)
+        store.write_quarantined_raw(key, record_id, data)
+
     def test_default_clock_is_the_system_clock(self) -> None:
         store = MemoryStateStore()
         key = PollerKey("live", "orders")
@@ -53,6 +59,16 @@ class TestLocalStateStore(StateStoreContract):
     def corrupt(self, store: StateStore, key: PollerKey, data: bytes = GARBAGE) -> None:
         assert isinstance(store, LocalStateStore)
         store.write_raw(key, data)
+
+    def corrupt_quarantined(
+        self, store: StateStore, key: PollerKey, record_id: str, data: bytes = GARBAGE
+    ) -> None:
+        assert isinstance(store, LocalStateStore)
+        store.write_quarantined_raw(key, record_id, data)
+
+    def reopen(self, store: StateStore) -> StateStore:
+        assert isinstance(store, LocalStateStore)
+        return LocalStateStore(store.root)
 
     def test_layout_is_namespace_directory_with_checkpoint_lease_and_lock_files(
         self, tmp_path: Path, clock: FakeClock

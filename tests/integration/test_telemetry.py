@@ -43,7 +43,13 @@ from .test_pg_mysql_source import MID, ROWS, big_table, maria_plan, pg_plan
 SETTINGS: dict[str, str] = {}
 NOW = dt.datetime(2026, 1, 1, 12, 5, tzinfo=dt.UTC)  # five minutes after the first row (T0, UTC)
 ORDERS = {"afdb.poller": "orders", "afdb.namespace": "live"}
-ALLOWED_ATTRIBUTES = {"afdb.poller", "afdb.namespace", "afdb.status", "error.type"}
+ALLOWED_ATTRIBUTES = {
+    "afdb.poller",
+    "afdb.namespace",
+    "afdb.status",
+    "afdb.health",
+    "error.type",
+}
 
 
 class Metrics:

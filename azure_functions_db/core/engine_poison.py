@@ -1,0 +1,208 @@
+"""The ``quarantine`` poison policy inside a run: isolate a poison batch's failing rows by
+bisection and park them in quarantine records, each written before the checkpoint moves past
+it (a mixin of :class:`~azure_functions_db.core.engine.Engine`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from azure_functions_db.core.batch import Batch, Change
+from azure_functions_db.core.checkpoint import Checkpoint
+from azure_functions_db.core.claim import Claim
+from azure_functions_db.core.clock import Clock
+from azure_functions_db.core.config import PollerConfig
+from azure_functions_db.core.observe import RunObserver, RunReport
+from azure_functions_db.core.ports import SourceRow, StateStore
+from azure_functions_db.core.quarantine import QuarantineRecord, new_record
+from azure_functions_db.errors import (
+    CheckpointConflictError,
+    RecordExistsError,
+    SinkFencedError,
+    TransientSinkError,
+)
+
+#: Records one isolation (bisection) of a poison batch may write for single rows; past it, each
+#: part that still fails is quarantined whole (a handler that fails on every row would
+#: otherwise write one record per row).
+ISOLATE_MAX_RECORDS = 16
+
+
+class _QuarantineDue(Exception):
+    """The batch failed ``max_attempts`` times under the ``quarantine`` policy."""
+
+    def __init__(self, error: BaseException, attempts: int) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.attempts = attempts
+
+
+def describe_error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class PoisonRuns:
+    """What an engine does with a batch that failed ``max_attempts`` times under
+    ``poison="quarantine"``."""
+
+    config: PollerConfig
+    store: StateStore
+    owner: str
+    clock: Clock
+    observer: RunObserver
+    _retrying: Any
+
+    if TYPE_CHECKING:
+
+        def _batch(self, cp: Checkpoint, fence: int, changes: Sequence[Change]) -> Batch: ...
+
+        def _invoke(self, batch: Batch, claim: Claim) -> None: ...
+
+        def _delivered(
+            self,
+            batch: Batch,
+            rows: Sequence[SourceRow],
+            claim: Claim,
+            report: RunReport,
+            began: float,
+        ) -> None: ...
+
+        def _log(self, level: int, action: str, **fields: object) -> None: ...
+
+    def _set_aside(
+        self,
+        batch: Batch,
+        rows: Sequence[SourceRow],
+        claim: Claim,
+        due: _QuarantineDue,
+        report: RunReport,
+    ) -> None:
+        """A poison batch under ``poison="quarantine"``: isolate its failing rows (``bisect``)
+        or park it whole, so the poller goes on."""
+        if self.config.bisect and len(batch) > 1:
+            self._log(
+                logging.WARNING,
+                "poison_isolating",
+                fence=batch.fence,
+                rows=len(batch),
+                attempts=due.attempts,
+                position=batch.position_before,
+                note="splitting the batch to deliver its good rows and quarantine the bad ones",
+            )
+            self._isolate(batch.changes, rows, claim, report, due=due, left=[ISOLATE_MAX_RECORDS])
+        else:
+            self._quarantine(batch, claim, describe_error(due.error), due.attempts, report)
+
+    def _isolate(
+        self,
+        changes: Sequence[Change],
+        rows: Sequence[SourceRow],
+        claim: Claim,
+        report: RunReport,
+        *,
+        due: _QuarantineDue,
+        left: list[int],
+    ) -> None:
+        """Deliver each half of ``changes`` on its own; split a failing half again, down to
+        single rows, which are quarantined. Every part that succeeds is committed at once (in
+        order), so a crash keeps what was delivered; ``left`` counts the single-row records
+        this isolation may still write."""
+        half = len(changes) // 2
+        for part, part_rows in ((changes[:half], rows[:half]), (changes[half:], rows[half:])):
+            began = self.clock.monotonic()
+            sub = self._batch(claim.checkpoint, claim.fence, part)
+            claim.keeper.ensure_held()
+            error = self._try_handler(sub, claim)
+            if error is None:
+                self._delivered(sub, part_rows, claim, report, began)
+            elif len(part) > 1 and left[0] > 0:
+                self._isolate(part, part_rows, claim, report, due=due, left=left)
+            else:
+                left[0] -= 1
+                self._quarantine(sub, claim, describe_error(error), due.attempts, report)
+
+    def _try_handler(self, batch: Batch, claim: Claim) -> BaseException | None:
+        """One handler call while isolating poison rows: the error it raised, or ``None``.
+
+        A sink that is unavailable or fenced, and Ctrl-C, end the run as they would any other
+        call (the parts committed so far stay committed)."""
+        try:
+            self._invoke(batch, claim)
+        except (SinkFencedError, KeyboardInterrupt, SystemExit):
+            raise
+        except TransientSinkError as exc:
+            self._log(
+                logging.WARNING, "sink_unavailable", fence=batch.fence, error=describe_error(exc)
+            )
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the row's failure, recorded with it
+            self._log(
+                logging.WARNING,
+                "isolate_part_failed",
+                fence=batch.fence,
+                rows=len(batch),
+                position=batch.position_before,
+                error=type(exc).__name__,
+            )
+            self.observer.handler_failed(batch, batch.attempt)
+            return exc
+        return None
+
+    def _quarantine(
+        self, batch: Batch, claim: Claim, error: str, attempts: int, report: RunReport
+    ) -> None:
+        """Park ``batch`` in a quarantine record, then move the checkpoint past it.
+
+        The record is written (compare-and-set) before the checkpoint moves: a crash between
+        the two leaves the batch quarantined but not passed, and the next run delivers it again
+        (and finds its record by id). Never passed without a record."""
+        cfg = self.config
+        record = new_record(
+            cfg.key, batch, error=error, attempts=attempts, by=self.owner, at=self.clock.now()
+        )
+        claim.keeper.ensure_held()
+        self._retrying(self._store_record, record)
+        claim.keeper.ensure_held()
+        moved = claim.checkpoint.quarantined(
+            batch.position_after,
+            fence=claim.fence,
+            at=self.clock.now(),
+            rows=len(batch),
+            read_after=batch.position_before,
+        )
+        try:
+            claim.write(moved)
+        except CheckpointConflictError:
+            self._log(logging.WARNING, "commit_rejected", fence=batch.fence, rows=len(batch))
+            self.observer.commit_rejected(batch)
+            raise
+        self._log(
+            logging.ERROR,
+            "batch_quarantined",
+            fence=batch.fence,
+            rows=len(batch),
+            attempts=attempts,
+            record=record.id,
+            position=batch.position_after,
+            error=error.split(":", 1)[0],
+            note=f"replay with `afdb quarantine replay APP --poller {cfg.name} {record.id}`",
+        )
+        self.observer.batch_quarantined(batch, record.id)
+        report.quarantined += len(batch)
+        report.records.append(record.id)
+
+    def _store_record(self, record: QuarantineRecord) -> None:
+        """Write ``record``; if the same rows were quarantined before (a crash before the
+        checkpoint moved, or a seek back), add to that record's history instead."""
+        try:
+            self.store.put_quarantined(record)
+            return
+        except RecordExistsError:
+            stored = self.store.read_quarantined(record.key, record.id)
+        if stored is None:  # gone in between (dropped by hand): write it again
+            self.store.put_quarantined(record)
+            return
+        history = (*stored.record.history, *record.history)
+        self.store.replace_quarantined(dataclasses.replace(record, history=history), stored.etag)
