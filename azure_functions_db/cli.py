@@ -83,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--poller", action="append", help="only this poller (repeatable)")
     validate.add_argument("--json", action="store_true", help="stable JSON output for scripts")
 
+    from azure_functions_db import cli_quarantine
+
+    cli_quarantine.add_parser(add)
+
     backfill = add("backfill", "replay a poller's history on Spark, then hand off to live polling")
     backfill.add_argument("app")
     backfill.add_argument("--poller", required=True)
@@ -113,6 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "seek": _seek,
             "validate": _validate,
             "backfill": _backfill,
+            "quarantine": _quarantine,
         }[args.command]
         return handler(args, console)
     except ConfigurationError as exc:
@@ -121,6 +126,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AfdbError as exc:
         _stderr().print(f"failed: {exc}", style="red")
         return EXIT_FAILED
+
+
+def _quarantine(args: argparse.Namespace, console: Console) -> int:
+    from azure_functions_db import cli_quarantine
+
+    return cli_quarantine.run(args, console, _select)
 
 
 def _stderr() -> Console:

@@ -270,6 +270,24 @@ class QuarantineCorruptError(CheckpointCorruptError):
         )
 
 
+class QuarantineStateError(AfdbError):
+    """A quarantine command cannot apply to the record as it is: it does not exist, it was
+    replayed or dropped already, or it holds values kept only as text.
+
+    The message says which and what to do (``afdb quarantine list`` shows the records).
+    """
+
+    def __init__(self, poller: str, namespace: str, record_id: str, detail: str) -> None:
+        self.record_id = record_id
+        self.detail = detail
+        super().__init__(
+            f"Quarantine record `{record_id}` of poller `{poller}` (namespace `{namespace}`): "
+            f"{detail}",
+            poller=poller,
+            namespace=namespace,
+        )
+
+
 class CodecError(AfdbError, ValueError):
     """A value cannot be encoded into, or decoded from, a checkpoint (an unsupported type, or a
     stored value whose tag is unknown). Sources refuse such a column when they open; a stored

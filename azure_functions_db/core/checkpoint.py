@@ -284,6 +284,16 @@ class Checkpoint:
         )
         return replace(moved, stats=stats)
 
+    def replayed(self, *, fence: int, rows: int) -> Checkpoint:
+        """The record after a quarantined batch of ``rows`` rows was replayed by an operator:
+        one more delivered batch (a transactional sink numbered it), the position unchanged."""
+        if fence < self.fence:
+            raise StaleFenceError(
+                self.key.poller, self.key.namespace, stored=self.fence, mine=fence
+            )
+        stats = replace(self.stats, batches=self.stats.batches + 1, rows=self.stats.rows + rows)
+        return replace(self, fence=fence, stats=stats)
+
     def with_health(self, health: RunHealth) -> Checkpoint:
         """This record with ``health`` (written by a run as it ends; changes nothing else)."""
         return replace(self, health=health)

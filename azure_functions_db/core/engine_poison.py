@@ -6,19 +6,32 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from azure_functions_db.core.batch import Batch, Change
 from azure_functions_db.core.checkpoint import Checkpoint
-from azure_functions_db.core.claim import Claim
+from azure_functions_db.core.claim import Claim, Claimer
 from azure_functions_db.core.clock import Clock
 from azure_functions_db.core.config import PollerConfig
 from azure_functions_db.core.observe import RunObserver, RunReport
-from azure_functions_db.core.ports import SourceRow, StateStore
-from azure_functions_db.core.quarantine import QuarantineRecord, new_record
+from azure_functions_db.core.ports import (
+    Source,
+    SourceRow,
+    StateStore,
+    StoredQuarantine,
+    TransactionalSink,
+)
+from azure_functions_db.core.quarantine import (
+    Action,
+    QuarantineEvent,
+    QuarantineRecord,
+    new_record,
+)
 from azure_functions_db.errors import (
     CheckpointConflictError,
+    LeaseHeldError,
+    QuarantineStateError,
     RecordExistsError,
     SinkFencedError,
     TransientSinkError,
@@ -53,6 +66,8 @@ class PoisonRuns:
     clock: Clock
     observer: RunObserver
     _retrying: Any
+    source: Source
+    sink: TransactionalSink | None
 
     if TYPE_CHECKING:
 
@@ -70,6 +85,8 @@ class PoisonRuns:
         ) -> None: ...
 
         def _log(self, level: int, action: str, **fields: object) -> None: ...
+
+        def _catch_up_with_sink(self, claim: Claim) -> None: ...
 
     def _set_aside(
         self,
@@ -206,3 +223,113 @@ class PoisonRuns:
             return
         history = (*stored.record.history, *record.history)
         self.store.replace_quarantined(dataclasses.replace(record, history=history), stored.etag)
+
+    # -- replay by command -------------------------------------------------------------------
+
+    def replay(
+        self,
+        settings: Mapping[str, str],
+        record_id: str,
+        *,
+        by: str,
+        reason: str = "",
+        again: bool = False,
+        lossy_ok: bool = False,
+    ) -> tuple[QuarantineRecord, BaseException | None]:
+        """Call the handler with quarantined batch ``record_id`` under the poller's lease.
+
+        The same handler the runs call (async, sink and all), with the rows as the handler saw
+        them; the outcome goes into the record's history by compare-and-set (``replayed``, or
+        ``replay_failed`` with the error, the record staying quarantined), then a success counts
+        one delivered batch on the checkpoint. With a sink the batch commits in a sink
+        transaction numbered like a run's next batch, after the claim caught the checkpoint up
+        with the sink. Returns the record as written and the handler's error (``None``: it
+        took the batch). Raises :class:`LeaseHeldError` while a run holds the lease and
+        :class:`QuarantineStateError` for a record that is missing, replayed or dropped
+        (``again`` allows a replayed one) or holds values kept only as text (``lossy_ok``).
+        """
+        cfg = self.config
+        self._replayable(self._read_record(record_id).record, again=again, lossy_ok=lossy_ok)
+        if self.sink is not None:
+            self._retrying(self.source.open, settings)
+            self._retrying(self.sink.open, settings)
+        claimer = Claimer(
+            self.store,
+            cfg.key,
+            owner=f"afdb-replay:{by}",
+            duration=cfg.lease_duration,
+            clock=self.clock,
+            retrying=self._retrying,
+            log=self._log,
+        )
+        with claimer.hold(None) as claim:
+            if claim is None:
+                raise LeaseHeldError(cfg.name, cfg.namespace, self.store.inspect(cfg.key).holder)
+            self._catch_up_with_sink(claim)
+            stored = self._read_record(record_id)  # again, under the lease
+            record = stored.record
+            self._replayable(record, again=again, lossy_ok=lossy_ok)
+            batch = record.batch(fence=claim.fence, attempt=record.replays + 1)
+            error: BaseException | None = None
+            try:
+                self._invoke(batch, claim)
+            except (SinkFencedError, KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as exc:  # noqa: BLE001 - recorded in the record's history
+                error = exc
+            detail = reason if error is None else describe_error(error)[:500]
+            action: Action = "replayed" if error is None else "replay_failed"
+            event = QuarantineEvent(action, self.clock.now(), by, claim.fence, detail)
+            after = record.with_event(event, "replayed" if error is None else record.state)
+            claim.keeper.ensure_held()
+            self._retrying(self.store.replace_quarantined, after, stored.etag)
+            if error is None:
+                claim.write(claim.checkpoint.replayed(fence=claim.fence, rows=len(batch)))
+        self._log(
+            logging.WARNING if error is None else logging.ERROR,
+            "quarantine_" + action,
+            record=record_id,
+            rows=len(batch),
+            fence=claim.fence,
+            by=by,
+            reason=reason or None,
+            error=type(error).__name__ if error is not None else None,
+        )
+        return after, error
+
+    def _read_record(self, record_id: str) -> StoredQuarantine:
+        cfg = self.config
+        stored = self._retrying(self.store.read_quarantined, cfg.key, record_id)
+        if stored is None:
+            raise QuarantineStateError(
+                cfg.name,
+                cfg.namespace,
+                record_id,
+                f"no such record; `afdb quarantine list APP --poller {cfg.name}` shows the ids",
+            )
+        assert isinstance(stored, StoredQuarantine)
+        return stored
+
+    def _replayable(self, record: QuarantineRecord, *, again: bool, lossy_ok: bool) -> None:
+        cfg, last = self.config, record.history[-1] if record.history else None
+        when = f" at {last.at.isoformat()} by {last.by}" if last is not None else ""
+        if record.state == "dropped":
+            raise QuarantineStateError(
+                cfg.name, cfg.namespace, record.id, f"it was dropped{when}; nothing to replay."
+            )
+        if record.state == "replayed" and not again:
+            raise QuarantineStateError(
+                cfg.name,
+                cfg.namespace,
+                record.id,
+                f"it was replayed{when}. Pass `--again` to deliver it once more.",
+            )
+        if record.lossy and not lossy_ok:
+            raise QuarantineStateError(
+                cfg.name,
+                cfg.namespace,
+                record.id,
+                f"column(s) {', '.join(record.lossy)} hold values of a type the record could "
+                "keep only as text; the handler would get strings. Pass `--lossy-ok` to replay "
+                "anyway, or replay from the table with `afdb seek`.",
+            )
