@@ -11,7 +11,8 @@ Environment:
     QA_ATTEMPTS     max_attempts (default 2); QA_POLICY: ``quarantine`` (default) or ``halt``
     QA_KILL         ``<method>:<n>:<before|after>``: SIGKILL this process at the n-th call of
                     the store's ``method`` (``replace``, ``put_quarantined``,
-                    ``replace_quarantined``), before it reaches the store or after it returned
+                    ``replace_quarantined``; ``advance``: a checkpoint write after a record
+                    was written), before it reaches the store or after it returned
 """
 
 from __future__ import annotations
@@ -43,15 +44,21 @@ class _KillAt:
 
     def _step(self, method: str, when: str) -> None:
         point = _kill_point()
-        if point is not None and point[0] == method and point[2] == when:
-            if _calls[method] == point[1]:
-                os.kill(os.getpid(), signal.SIGKILL)
+        if point is not None and point == (method, _calls[method], when):
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def _call(self, method: str, *args: Any) -> Any:
         _calls[method] += 1
-        self._step(method, "before")
-        result = getattr(super(), method)(*args)
-        self._step(method, "after")
+        # "advance": a checkpoint write after a quarantine record was written (the move past it)
+        moving = method == "replace" and _calls["put_quarantined"] > 0
+        if moving:
+            _calls["advance"] += 1
+        for when in ("before", "after"):
+            if when == "after":
+                result = getattr(super(), method)(*args)
+            self._step(method, when)
+            if moving:
+                self._step("advance", when)
         return result
 
     def replace(self, *args: Any) -> Any:
