@@ -14,16 +14,13 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from azure_functions_db.errors import AfdbError, ConfigurationError, HandlerError
-
-if TYPE_CHECKING:
-    from azure_functions_db.ops.status import PollerStatus
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
@@ -83,9 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--poller", action="append", help="only this poller (repeatable)")
     validate.add_argument("--json", action="store_true", help="stable JSON output for scripts")
 
-    from azure_functions_db import cli_quarantine
-
-    cli_quarantine.add_parser(add)
+    _add_quarantine(add, common)
 
     backfill = add("backfill", "replay a poller's history on Spark, then hand off to live polling")
     backfill.add_argument("app")
@@ -98,6 +93,32 @@ def build_parser() -> argparse.ArgumentParser:
     backfill.add_argument("--run-id", help="names the run; rerun with the same id to resume")
     backfill.add_argument("--json", action="store_true", help="one JSON report for scripts")
     return parser
+
+
+def _add_quarantine(
+    add: Callable[[str, str], argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    quarantine = add("quarantine", "list, show, replay or drop a poller's quarantined batches")
+    actions = quarantine.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for name, text in (
+        ("list", "the poller's quarantined batches, oldest first"),
+        ("show", "one record: its error, history and rows"),
+        ("replay", "deliver a quarantined batch to the handler again (under the lease)"),
+        ("drop", "give up on a quarantined batch (the record and its history stay)"),
+    ):
+        action = actions.add_parser(name, help=text, parents=[common])
+        action.add_argument("app")
+        action.add_argument("--poller", required=True)
+        if name == "list":
+            action.add_argument("--all", action="store_true", help="replayed and dropped too")
+        else:
+            action.add_argument("record", help="the record id (`afdb quarantine list`)")
+        if name in ("replay", "drop"):
+            action.add_argument("--reason", default="", help="recorded in the record's history")
+        if name == "replay":
+            action.add_argument("--again", action="store_true", help="replay a replayed record")
+            action.add_argument("--lossy-ok", action="store_true", help="values kept as text too")
+        action.add_argument("--json", action="store_true", help="stable JSON output for scripts")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -129,9 +150,56 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _quarantine(args: argparse.Namespace, console: Console) -> int:
-    from azure_functions_db import cli_quarantine
+    from azure_functions_db.core.quarantine import full_json, summary_json
+    from azure_functions_db.ops import quarantine as ops
 
-    return cli_quarantine.run(args, console, _select)
+    (definition,) = _select(args.app, [args.poller])
+    settings = dict(os.environ)
+    if args.action == "list":
+        listed = ops.list_records(definition, settings, every=args.all)
+        table = Table(*ops.LIST_COLUMNS, title=f"{args.poller}: quarantined batches")
+        for entry in listed:
+            table.add_row(*ops.list_row(entry))
+        docs = [summary_json(e.record) if e.record else vars(e) for e in listed]
+        _emit(console, args.json, docs, table if listed else f"{args.poller}: nothing quarantined")
+        return EXIT_FAILED if any(e.error for e in listed) else EXIT_OK
+    if args.action != "replay":
+        if args.action == "show":
+            record = ops.show_record(definition, settings, args.record)
+            text = "\n".join(ops.describe(record))
+        else:
+            record = ops.drop_record(definition, settings, args.record, reason=args.reason)
+            text = f"{record.id}: dropped ({len(record)} row(s) will not be delivered)"
+        doc = full_json(record) if args.action == "show" else summary_json(record)
+        _emit(console, args.json, doc, text)
+        return EXIT_OK
+    record, error = ops.replay_record(
+        definition,
+        settings,
+        args.record,
+        reason=args.reason,
+        again=args.again,
+        lossy_ok=args.lossy_ok,
+    )
+    failure = f"{type(error).__name__}: {error}" if error is not None else None
+    if failure is None or args.json:
+        done = f"{record.id}: {len(record)} row(s) delivered; the record is replayed"
+        _emit(console, args.json, {**summary_json(record), "replay_error": failure}, done)
+    else:
+        _stderr().print(
+            f"failed: {record.id}: the handler raised {failure}; the record stays quarantined "
+            "(its history has the attempt)",
+            style="red",
+        )
+    return EXIT_OK if error is None else EXIT_FAILED
+
+
+def _emit(console: Console, as_json: bool, doc: Any, text: Any) -> None:
+    """``doc`` as JSON on stdout with ``--json``, else ``text`` (a string or a rich table)."""
+    if as_json:
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        console.print(text)
 
 
 def _stderr() -> Console:
@@ -269,7 +337,7 @@ def _show_handler_error(error: AfdbError, *, verbose: bool) -> None:
 
 
 def _status(args: argparse.Namespace, console: Console) -> int:
-    from azure_functions_db.ops.status import backfill_statuses, poller_status
+    from azure_functions_db.ops.status import backfill_statuses, poller_status, status_notes
 
     settings = dict(os.environ)
     statuses = []
@@ -309,35 +377,12 @@ def _status(args: argparse.Namespace, console: Console) -> int:
             )
         console.print(table)
         for s in statuses:
-            if s.held_by is not None:
-                console.print(
-                    f"{s.poller}: rows held back by the horizon for {s.held_seconds or 0:.0f}s "
-                    f"by {s.held_by}: they wait for that transaction to end",
-                    style="yellow",
-                )
-            if s.sink is not None:
-                console.print(_sink_line(s))
+            for text, style in status_notes(s, args.app):
+                console.print(text, style=style)
         if statuses:
             console.print(f"state: {statuses[0].store}")
-    return EXIT_FAILED if any(s.error for s in statuses) else EXIT_OK
-
-
-def _sink_line(s: PollerStatus) -> str:
-    """One line on what a poller's sink holds (``afdb status``)."""
-    sink = s.sink
-    if sink is None:
-        return f"{s.poller}: no sink"
-    if sink.error is not None:
-        return f"{s.poller}: {sink.sink}: ERROR: {sink.error}"
-    if sink.sequence is None:
-        return f"{s.poller}: {sink.sink}: no batch yet"
-    line = (
-        f"{s.poller}: {sink.sink}: batch {sink.sequence} ending at "
-        f"{sink.position or '(unknown)'} (fence {sink.fence})"
-    )
-    if s.sink_ahead:
-        line += "; one batch ahead of the checkpoint: the next run catches the checkpoint up"
-    return line
+    stalled = any(s.health is not None and s.health.state == "stalled" for s in statuses)
+    return EXIT_FAILED if stalled or any(s.error for s in statuses) else EXIT_OK
 
 
 def _seek(args: argparse.Namespace, console: Console) -> int:

@@ -210,10 +210,7 @@ class CheckpointCorruptError(StateStoreError):
 
 
 class QuarantineExistsError(RecordExistsError):
-    """A create-only write of a quarantine record found one with the same id already there.
-
-    Read it and write by etag instead (the engine does, when it quarantines the same rows again).
-    """
+    """A create-only write of a quarantine record found one with its id (read, write by etag)."""
 
     def __init__(self, poller: str, namespace: str, record_id: str) -> None:
         self.record_id = record_id
@@ -227,11 +224,8 @@ class QuarantineExistsError(RecordExistsError):
 
 
 class QuarantineConflictError(CheckpointConflictError):
-    """A compare-and-set write of a quarantine record found another version (or none).
-
-    Someone else (another owner's run, another operator command) changed the record since it was
-    read: read it again and decide again.
-    """
+    """A compare-and-set write of a quarantine record found another version, or none: another
+    run or operator command changed it since it was read. Read it again and decide again."""
 
     def __init__(
         self, poller: str, namespace: str, record_id: str, *, expected_etag: str, found: str | None
@@ -251,11 +245,8 @@ class QuarantineConflictError(CheckpointConflictError):
 
 
 class QuarantineCorruptError(CheckpointCorruptError):
-    """A stored quarantine record cannot be decoded. It is never overwritten.
-
-    ``afdb quarantine list`` shows it as unreadable; restore it from a backup, or move it aside
-    (its rows are in the source table, at the positions the error names, unless deleted since).
-    """
+    """A stored quarantine record cannot be decoded; it is never overwritten. ``afdb quarantine
+    list`` shows it as unreadable: restore it from a backup or move it aside."""
 
     def __init__(self, poller: str, namespace: str, record_id: str, detail: str) -> None:
         self.detail = detail
@@ -271,11 +262,8 @@ class QuarantineCorruptError(CheckpointCorruptError):
 
 
 class QuarantineStateError(AfdbError):
-    """A quarantine command cannot apply to the record as it is: it does not exist, it was
-    replayed or dropped already, or it holds values kept only as text.
-
-    The message says which and what to do (``afdb quarantine list`` shows the records).
-    """
+    """A quarantine command cannot apply to the record as it is (missing, replayed or dropped
+    already, or holding values kept only as text); the message says which and what to do."""
 
     def __init__(self, poller: str, namespace: str, record_id: str, detail: str) -> None:
         self.record_id = record_id

@@ -7,12 +7,18 @@ seek.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from azure_functions_db.core.logs import log_event
-from azure_functions_db.core.quarantine import QuarantineEvent, QuarantineRecord, in_order
+from azure_functions_db.core.quarantine import (
+    QuarantineEvent,
+    QuarantineRecord,
+    full_json,
+    in_order,
+)
 from azure_functions_db.errors import QuarantineCorruptError, QuarantineStateError
 from azure_functions_db.ops.seek import operator_identity
 from azure_functions_db.runtime.poller import PollerDefinition
@@ -127,3 +133,42 @@ def _missing(definition: PollerDefinition, record_id: str) -> QuarantineStateErr
         record_id,
         f"no such record; `afdb quarantine list APP --poller {cfg.name} --all` shows the ids.",
     )
+
+
+LIST_COLUMNS = ("id", "state", "rows", "first .. last", "quarantined at", "error", "replays")
+
+
+def list_row(entry: Listed) -> tuple[str, ...]:
+    """One row of the ``afdb quarantine list`` table (``LIST_COLUMNS``)."""
+    r = entry.record
+    if r is None:
+        return (entry.record_id, "UNREADABLE", "-", "-", "-", entry.error or "", "-")
+    return (
+        r.id,
+        r.state,
+        str(len(r)),
+        f"{r.changes[0].position} .. {r.after}",
+        r.at.isoformat(timespec="seconds"),
+        r.error[:80],
+        str(r.replays),
+    )
+
+
+def describe(record: QuarantineRecord) -> list[str]:
+    """``afdb quarantine show``: the record as lines of text (history, then rows)."""
+    lines = [
+        f"{record.id} ({record.key}): {record.state}, {len(record)} row(s)",
+        f"  error: {record.error}",
+        f"  after {record.before or '(beginning)'} up to {record.after}",
+    ]
+    if record.lossy:
+        lines.append(f"  kept as text only: {', '.join(record.lossy)}")
+    for event in record.history:
+        detail = f": {event.detail}" if event.detail else ""
+        lines.append(
+            f"  {event.at.isoformat(timespec='seconds')} {event.action} by {event.by} "
+            f"(fence {event.fence}){detail}"
+        )
+    for doc in full_json(record)["changes"]:
+        lines.append(f"  {doc['op']} {doc['position']}: {json.dumps(doc['data'], default=str)}")
+    return lines

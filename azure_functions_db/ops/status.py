@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from azure_functions_db.core.liveness import judged_now, read_health
 from azure_functions_db.core.ports import BacklogSource, Horizon
 from azure_functions_db.core.position import Position
 from azure_functions_db.errors import (
@@ -42,6 +43,8 @@ class PollerStatus:
     held_by: str | None = None  # an open transaction holding rows back behind the horizon
     held_seconds: float | None = None
     sink: SinkStatus | None = None  # a poller with a transactional sink
+    health: HealthStatus | None = None  # live pollers: liveness, judged now
+    quarantined: tuple[int, int] | None = None  # records still quarantined, and their rows
 
     def to_json(self) -> dict[str, Any]:
         """A stable, JSON-ready form for scripts (keys never renamed, only added)."""
@@ -71,12 +74,75 @@ class PollerStatus:
             doc["held"] = {"by": self.held_by, "seconds": self.held_seconds}
         if self.sink is not None:
             doc["sink"] = self.sink.to_json()
+        if self.health is not None:
+            doc["health"] = self.health.to_json()
+        if self.quarantined is not None:
+            doc["quarantine"] = {"records": self.quarantined[0], "rows": self.quarantined[1]}
         return doc
 
     @property
     def sink_ahead(self) -> bool:
         """The sink holds a batch the checkpoint does not (the next run catches it up)."""
         return self.sink is not None and (self.sink.sequence or 0) > self.batches
+
+
+@dataclass(frozen=True)
+class HealthStatus:
+    """A poller's liveness as ``afdb status`` judges it now (from its health record)."""
+
+    state: str  # healthy, stalled, falling_behind, unknown
+    detail: str
+    last_run_at: dt.datetime | None = None
+    last_success_at: dt.datetime | None = None
+    lag_rows: int | None = None
+    lag_seconds: float | None = None
+    stall_after: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "detail": self.detail,
+            "last_run_at": self.last_run_at.isoformat() if self.last_run_at else None,
+            "last_success_at": self.last_success_at.isoformat() if self.last_success_at else None,
+            "lag_rows": self.lag_rows,
+            "lag_seconds": self.lag_seconds,
+            "stall_after_seconds": self.stall_after,
+        }
+
+
+def health_status(definition: PollerDefinition, settings: Mapping[str, str]) -> HealthStatus:
+    """The poller's health record, judged at this moment: a poller whose host stopped running
+    it writes nothing, so time alone can make it stalled."""
+    stall_after = definition.stall_after(settings)
+    health = read_health(definition.store(settings), definition.config.key)
+    state, detail = judged_now(health, definition.clock.now(), stall_after)
+    if health is None:
+        return HealthStatus(state, detail, stall_after=stall_after)
+    return HealthStatus(
+        state,
+        detail,
+        last_run_at=health.last_run_at,
+        last_success_at=health.last_success_at,
+        lag_rows=health.lag_rows,
+        lag_seconds=health.lag_seconds,
+        stall_after=stall_after,
+    )
+
+
+def quarantine_count(definition: PollerDefinition, settings: Mapping[str, str]) -> tuple[int, int]:
+    """How many records of the poller are still quarantined, and how many rows they hold (an
+    unreadable record counts, with no rows)."""
+    store, key = definition.store(settings), definition.config.key
+    records = rows = 0
+    for record_id in store.list_quarantined(key):
+        try:
+            stored = store.read_quarantined(key, record_id)
+        except CheckpointCorruptError:
+            records += 1
+            continue
+        if stored is not None and stored.record.state == "quarantined":
+            records, rows = records + 1, rows + len(stored.record)
+    return records, rows
 
 
 @dataclass(frozen=True)
@@ -133,6 +199,8 @@ def poller_status(definition: PollerDefinition, settings: Mapping[str, str]) -> 
     if held is not None:
         base["held_by"], base["held_seconds"] = held
     base["sink"] = sink_status(definition, settings)
+    base["health"] = health_status(definition, settings)
+    base["quarantined"] = quarantine_count(definition, settings)
     return PollerStatus(
         **base,
         position=cp.position if cp else None,
@@ -222,3 +290,49 @@ def backfill_statuses(
             )
         )
     return statuses
+
+
+def status_notes(s: PollerStatus, app: str) -> list[tuple[str, str | None]]:
+    """The lines ``afdb status`` prints under its table for one poller, with a style (``None``,
+    ``yellow``, ``red``): rows held by the horizon, the sink, liveness, quarantined batches."""
+    notes: list[tuple[str, str | None]] = []
+    if s.held_by is not None:
+        notes.append(
+            (
+                f"{s.poller}: rows held back by the horizon for {s.held_seconds or 0:.0f}s "
+                f"by {s.held_by}: they wait for that transaction to end",
+                "yellow",
+            )
+        )
+    if s.sink is not None:
+        notes.append((sink_line(s), None))
+    if s.health is not None and s.health.state != "healthy":
+        style = "red" if s.health.state == "stalled" else "yellow"
+        notes.append((f"{s.poller}: {s.health.state}: {s.health.detail}", style))
+    if s.quarantined and s.quarantined[0]:
+        notes.append(
+            (
+                f"{s.poller}: {s.quarantined[0]} quarantined batch(es), {s.quarantined[1]} "
+                f"row(s): `afdb quarantine list {app} --poller {s.poller}`",
+                "yellow",
+            )
+        )
+    return notes
+
+
+def sink_line(s: PollerStatus) -> str:
+    """One line on what a poller's sink holds (``afdb status``)."""
+    sink = s.sink
+    if sink is None:
+        return f"{s.poller}: no sink"
+    if sink.error is not None:
+        return f"{s.poller}: {sink.sink}: ERROR: {sink.error}"
+    if sink.sequence is None:
+        return f"{s.poller}: {sink.sink}: no batch yet"
+    line = (
+        f"{s.poller}: {sink.sink}: batch {sink.sequence} ending at "
+        f"{sink.position or '(unknown)'} (fence {sink.fence})"
+    )
+    if s.sink_ahead:
+        line += "; one batch ahead of the checkpoint: the next run catches the checkpoint up"
+    return line

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import itertools
 import logging
 import os
 import socket
@@ -26,7 +27,6 @@ from azure_functions_db.core.settings import setting_value
 from azure_functions_db.errors import ConfigurationError
 from azure_functions_db.observers.telemetry import metrics_observer
 from azure_functions_db.runtime.settings import AppSettings
-import itertools
 
 logger = logging.getLogger(__name__)
 

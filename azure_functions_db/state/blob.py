@@ -5,11 +5,17 @@ Layout in one container (default ``afdb-state``), names percent-encoded::
     <namespace>/<poller>.lease             empty blob; holds the Azure blob lease;
                                            metadata: fence=<n>, owner=<who acquired last>
     <namespace>/<poller>.checkpoint.json   the checkpoint record; written only by etag CAS
+    <namespace>/<poller>.quarantine/<id>.json
+                                           a quarantine record (``encode_record`` bytes), one
+                                           blob each: created with ``If-None-Match: *``,
+                                           replaced only by etag CAS
 
 Lease expiry is the service's (15-60 s, server side); no local clock is compared anywhere. The
 fence is raised on every acquire by a metadata write that carries the new lease id *and*
 ``If-Match`` on the etag read under that lease, so two acquirers can never both raise it to the
-same value. The container and the blobs are created on first use.
+same value. The container and the blobs are created on first use. A blob upload is atomic, so
+a quarantine record of any size is whole or absent; ``list_keys`` sees checkpoints only (a
+quarantine blob has a second ``/`` after the namespace).
 """
 
 from __future__ import annotations
@@ -39,7 +45,13 @@ from azure.storage.blob import (
 )
 
 from azure_functions_db.core.checkpoint import Checkpoint, PollerKey, encode_checkpoint
-from azure_functions_db.core.ports import LeaseGrant, LeaseInfo, StoredCheckpoint
+from azure_functions_db.core.ports import (
+    LeaseGrant,
+    LeaseInfo,
+    StoredCheckpoint,
+    StoredQuarantine,
+)
+from azure_functions_db.core.quarantine import QuarantineRecord, encode_record
 from azure_functions_db.errors import (
     ConfigurationError,
     LeaseLostError,
@@ -64,6 +76,8 @@ _BLOB = "Blob"
 
 _CHECKPOINT = ".checkpoint.json"
 _LEASE = ".lease"
+_QUARANTINE = ".quarantine/"
+_RECORD = ".json"
 _CONTAINER_NAME = re.compile(r"^(?=.{3,63}$)[a-z0-9]+(-[a-z0-9]+)*$")
 _LOST_CODES = frozenset(
     {
@@ -88,7 +102,8 @@ def _retry_policy() -> ExponentialRetry:
 
 
 class BlobStateStore:
-    """Checkpoints and leases in an Azure Blob container; see the module docstring for layout.
+    """Checkpoints, leases and quarantine records in an Azure Blob container; see the module
+    docstring for layout.
 
     Args:
         connection: Name of the app setting holding the storage connection, read at first use
@@ -168,6 +183,16 @@ class BlobStateStore:
         """Blob name of the lease blob of ``key``."""
         return f"{encode_name(key.namespace)}/{encode_name(key.poller)}{_LEASE}"
 
+    @staticmethod
+    def quarantine_prefix(key: PollerKey) -> str:
+        """Name prefix of the quarantine records of ``key`` (it ends with ``/``)."""
+        return f"{encode_name(key.namespace)}/{encode_name(key.poller)}{_QUARANTINE}"
+
+    @classmethod
+    def quarantine_name(cls, key: PollerKey, record_id: str) -> str:
+        """Blob name of quarantine record ``record_id`` of ``key``."""
+        return f"{cls.quarantine_prefix(key)}{encode_name(record_id)}{_RECORD}"
+
     # -- CheckpointStore ---------------------------------------------------------------------
 
     def read(self, key: PollerKey) -> StoredCheckpoint | None:
@@ -221,6 +246,78 @@ class BlobStateStore:
             if rest.endswith(_CHECKPOINT) and "/" not in rest:
                 keys.append(PollerKey(unquote(ns), unquote(rest[: -len(_CHECKPOINT)])))
         return sorted(keys, key=lambda k: (k.namespace, k.poller))
+
+    # -- QuarantineStore ---------------------------------------------------------------------
+
+    def put_quarantined(self, record: QuarantineRecord) -> str:
+        """See :meth:`azure_functions_db.core.ports.QuarantineStore.put_quarantined`."""
+        data = encode_record(record)
+        blob = self._blob(self.quarantine_name(record.key, record.id))
+        try:
+            result = self._in_container(
+                lambda: blob.upload_blob(data, overwrite=False),
+                f"create quarantine record `{record.id}` of",
+                record.key,
+            )
+        except ResourceExistsError as exc:
+            raise _common.quarantine_exists(record) from exc
+        return str(result["etag"])
+
+    def read_quarantined(self, key: PollerKey, record_id: str) -> StoredQuarantine | None:
+        """See :meth:`azure_functions_db.core.ports.QuarantineStore.read_quarantined`."""
+        found = self._download(self.quarantine_name(key, record_id))
+        if found is None:
+            return None
+        data, etag = found
+        return StoredQuarantine(_common.decode_quarantined(key, record_id, data), etag)
+
+    def replace_quarantined(self, record: QuarantineRecord, etag: str) -> str:
+        """See :meth:`azure_functions_db.core.ports.QuarantineStore.replace_quarantined`."""
+        data = encode_record(record)
+        blob = self._blob(self.quarantine_name(record.key, record.id))
+        try:
+            with translated(_BLOB, f"write quarantine record `{record.id}` of", record.key):
+                result = blob.upload_blob(
+                    data, overwrite=True, etag=etag, match_condition=MatchConditions.IfNotModified
+                )
+        except (ResourceModifiedError, ResourceNotFoundError) as exc:
+            try:
+                with translated(_BLOB, f"read quarantine record `{record.id}` of", record.key):
+                    found: str | None = str(blob.get_blob_properties().etag)
+            except ResourceNotFoundError:
+                found = None
+            raise _common.quarantine_conflict(record, etag, found) from exc
+        return str(result["etag"])
+
+    def list_quarantined(self, key: PollerKey) -> Sequence[str]:
+        """See :meth:`azure_functions_db.core.ports.QuarantineStore.list_quarantined`."""
+        prefix = self.quarantine_prefix(key)
+        try:
+            with translated(_BLOB, "list the quarantine records of", key):
+                names = [b.name for b in self.container.list_blobs(name_starts_with=prefix)]
+        except ResourceNotFoundError:
+            return []
+        ids = [
+            unquote(rest[: -len(_RECORD)])
+            for rest in (name[len(prefix) :] for name in names)
+            if rest.endswith(_RECORD) and "/" not in rest
+        ]
+        return sorted(ids)
+
+    def write_quarantined_raw(self, key: PollerKey, record_id: str, data: bytes) -> str:
+        """Store ``data`` as quarantine record ``record_id`` of ``key`` unconditionally and
+        return its etag.
+
+        For tests and repair tools only: it plays an out-of-band writer (a bad restore, a bug
+        elsewhere) so a test can check how a corrupt or misplaced record is handled.
+        """
+        blob = self._blob(self.quarantine_name(key, record_id))
+        result = self._in_container(
+            lambda: blob.upload_blob(bytes(data), overwrite=True),
+            f"write quarantine record `{record_id}` of",
+            key,
+        )
+        return str(result["etag"])
 
     # -- LeaseManager ------------------------------------------------------------------------
 

@@ -1,10 +1,14 @@
-"""Checkpoints as Azure Table entities (etag compare-and-set); leases stay Azure blob leases.
+"""Checkpoints and quarantine records as Azure Table entities (etag compare-and-set); leases
+stay Azure blob leases.
 
 Table layout (default table ``afdbstate``): one entity per poller, ``PartitionKey`` = namespace,
 ``RowKey`` = poller (both ``%``-encoded). ``Record`` holds the checkpoint JSON and is the only
 authoritative property; ``Fence``, ``Position``, ``Attempts`` and ``CommittedAt`` repeat parts of
 it for people browsing the table. Leases live as blobs in the same account (container
 ``afdb-leases`` by default), so their expiry is the Azure lease service's, never a local clock.
+
+Quarantine records live in a table of their own, chunked over entities: see
+:mod:`azure_functions_db.state._table_chunks` for their layout.
 """
 
 from __future__ import annotations
@@ -25,14 +29,26 @@ from azure.core.exceptions import (
 from azure.data.tables import TableClient, TableEntity, TableServiceClient, UpdateMode
 
 from azure_functions_db.core.checkpoint import Checkpoint, PollerKey, encode_checkpoint
-from azure_functions_db.core.ports import LeaseGrant, LeaseInfo, StoredCheckpoint
-from azure_functions_db.errors import CheckpointConflictError, ConfigurationError, RecordExistsError
-from azure_functions_db.state import _common
+from azure_functions_db.core.ports import (
+    LeaseGrant,
+    LeaseInfo,
+    StoredCheckpoint,
+    StoredQuarantine,
+)
+from azure_functions_db.core.quarantine import QuarantineRecord, encode_record
+from azure_functions_db.errors import (
+    CheckpointConflictError,
+    ConfigurationError,
+    QuarantineCorruptError,
+    RecordExistsError,
+    TransientStoreError,
+)
+from azure_functions_db.state import _common, _table_chunks
+from azure_functions_db.state._table_chunks import quarantine_table_name
 from azure_functions_db.state.blob import BlobStateStore
 from azure_functions_db.state.storage import (
     CLIENT_OPTIONS,
     DEFAULT_CONNECTION,
-    creating_parent,
     encode_name,
     error_code,
     resolve_storage,
@@ -40,9 +56,11 @@ from azure_functions_db.state.storage import (
     translated,
 )
 
+__all__ = ["TableStateStore", "quarantine_table_name"]  # quarantine_table_name: re-exported
+
 T = TypeVar("T")
 
-_TABLE = "Table"
+_TABLE = _table_chunks.SERVICE
 _TABLE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9]{2,62}$")
 # azure-core's RetryPolicy: about 0.8 s, 1.6 s, 3.2 s.
 _RETRY = {"retry_total": 3, "retry_backoff_factor": 0.8, "retry_backoff_max": 8}
@@ -56,6 +74,8 @@ class TableStateStore:
             :class:`~azure_functions_db.state.blob.BlobStateStore`; identity-based settings
             use ``__tableServiceUri`` / ``__accountName``).
         table: Table for checkpoints, created on first use (letters and digits, 3-63).
+        quarantine_table: Table for quarantine records, created on first use; default
+            :func:`quarantine_table_name` of ``table`` (``afdbstateq``). Never ``table`` itself.
         lease_container: Blob container for the leases, created on first use.
         settings: Where to read ``connection`` from; default: the environment, at first use.
         client: A ready ``TableServiceClient`` (overrides ``connection`` for the table).
@@ -70,6 +90,7 @@ class TableStateStore:
         connection: str = DEFAULT_CONNECTION,
         *,
         table: str = "afdbstate",
+        quarantine_table: str | None = None,
         lease_container: str = "afdb-leases",
         settings: Mapping[str, str] | None = None,
         client: TableServiceClient | None = None,
@@ -81,12 +102,22 @@ class TableStateStore:
                 f"Invalid table name `{table}`: use 3-63 letters and digits, starting with a "
                 'letter (e.g. `table="afdbstate"`).'
             )
+        quarantine = quarantine_table or quarantine_table_name(table)
+        if not _TABLE_NAME.match(quarantine) or quarantine.lower() == table.lower():
+            raise ConfigurationError(
+                f"Invalid quarantine table name `{quarantine}`: use 3-63 letters and digits, "
+                "starting with a letter, other than the checkpoint table (e.g. "
+                f'`quarantine_table="{quarantine_table_name("afdbstate")}"`, or leave it out).'
+            )
+        self._quarantine_name = quarantine
         self._connection = connection
         self._table_name = table
         self._settings = settings
         self._client = client
         self._client_options = dict(client_options or {})
         self._table: TableClient | None = None
+        self._quarantine: TableClient | None = None
+        self._service: TableServiceClient | None = client
         self._leases = leases or BlobStateStore(
             connection, container=lease_container, settings=settings
         )
@@ -95,9 +126,20 @@ class TableStateStore:
     def table(self) -> TableClient:
         """The table client, created from settings at first use."""
         if self._table is None:
-            service = self._client or self._make_client()
-            self._table = service.get_table_client(self._table_name)
+            self._table = self._service_client().get_table_client(self._table_name)
         return self._table
+
+    @property
+    def quarantine_table(self) -> TableClient:
+        """The client of the quarantine table, created from settings at first use."""
+        if self._quarantine is None:
+            self._quarantine = self._service_client().get_table_client(self._quarantine_name)
+        return self._quarantine
+
+    def _service_client(self) -> TableServiceClient:
+        if self._service is None:
+            self._service = self._make_client()
+        return self._service
 
     def _make_client(self) -> TableServiceClient:
         env = os.environ if self._settings is None else self._settings
@@ -187,6 +229,116 @@ class TableStateStore:
             key,
         )
 
+    # -- QuarantineStore ---------------------------------------------------------------------
+
+    def put_quarantined(self, record: QuarantineRecord) -> str:
+        """See :meth:`azure_functions_db.core.ports.QuarantineStore.put_quarantined`."""
+        key = record.key
+        action = f"create quarantine record `{record.id}` of"
+        header, chunks = _table_chunks.layout(key, record.id, encode_record(record))
+        header.update(_table_chunks.summary(record))
+        _table_chunks.write_chunks(self.quarantine_table, chunks, key, action)
+        try:
+            result = self._in_quarantine_table(
+                lambda: self.quarantine_table.create_entity(header), key, action
+            )
+        except ResourceExistsError as exc:
+            _table_chunks.drop_chunks(self.quarantine_table, chunks)
+            raise _common.quarantine_exists(record) from exc
+        return str(result["etag"])
+
+    def read_quarantined(self, key: PollerKey, record_id: str) -> StoredQuarantine | None:
+        """See :meth:`azure_functions_db.core.ports.QuarantineStore.read_quarantined`.
+
+        A read that meets a replace (which deletes the chunks it was reading) starts over;
+        after ``_table_chunks.READ_ATTEMPTS`` such reads it raises ``TransientStoreError``.
+        """
+        for _ in range(_table_chunks.READ_ATTEMPTS):
+            header = self._quarantine_header(key, record_id)
+            if header is None:
+                return None
+            etag = _etag(header)
+            try:
+                data = _table_chunks.read_payload(self.quarantine_table, key, record_id, header)
+            except QuarantineCorruptError:
+                again = self._quarantine_header(key, record_id, select=_table_chunks.HEADER)
+                if again is None or _etag(again) != etag:
+                    continue  # replaced (or removed) while being read: read it anew
+                raise
+            return StoredQuarantine(_common.decode_quarantined(key, record_id, data), etag)
+        raise TransientStoreError(
+            f"Quarantine record `{record_id}` of poller `{key.poller}` (namespace "
+            f"`{key.namespace}`) was replaced {_table_chunks.READ_ATTEMPTS} times while being "
+            "read; retry when its writers are done.",
+            poller=key.poller,
+            namespace=key.namespace,
+        )
+
+    def replace_quarantined(self, record: QuarantineRecord, etag: str) -> str:
+        """See :meth:`azure_functions_db.core.ports.QuarantineStore.replace_quarantined`."""
+        key = record.key
+        action = f"write quarantine record `{record.id}` of"
+        current = self._quarantine_header(key, record.id, select=_table_chunks.HEADER)
+        if current is None or _etag(current) != etag:
+            found = _etag(current) if current is not None else None
+            raise _common.quarantine_conflict(record, etag, found)
+        header, chunks = _table_chunks.layout(key, record.id, encode_record(record))
+        header.update(_table_chunks.summary(record))
+        _table_chunks.write_chunks(self.quarantine_table, chunks, key, action)
+        try:
+            with translated(_TABLE, action, key):
+                result = self.quarantine_table.update_entity(
+                    header,
+                    mode=UpdateMode.REPLACE,
+                    etag=etag,
+                    match_condition=MatchConditions.IfNotModified,
+                )
+        except (ResourceModifiedError, ResourceNotFoundError) as exc:
+            _table_chunks.drop_chunks(self.quarantine_table, chunks)
+            found_header = self._quarantine_header(key, record.id, select=_table_chunks.HEADER)
+            found = _etag(found_header) if found_header is not None else None
+            raise _common.quarantine_conflict(record, etag, found) from exc
+        # The header named `current`'s version until this write: nothing names it any more.
+        _table_chunks.drop_chunks(
+            self.quarantine_table, _table_chunks.old_chunks(key, record.id, current)
+        )
+        return str(result["etag"])
+
+    def list_quarantined(self, key: PollerKey) -> Sequence[str]:
+        """See :meth:`azure_functions_db.core.ports.QuarantineStore.list_quarantined`."""
+        try:
+            with translated(_TABLE, "list the quarantine records of", key):
+                rows = [
+                    str(e["RowKey"])
+                    for e in self.quarantine_table.query_entities(
+                        "PartitionKey eq @pk",
+                        parameters={"pk": _table_chunks.partition(key)},
+                        select=["RowKey"],
+                    )
+                ]
+        except ResourceNotFoundError:
+            return []
+        return sorted(unquote(row) for row in rows if _table_chunks.SEP not in row)
+
+    def write_quarantined_raw(self, key: PollerKey, record_id: str, data: bytes) -> str:
+        """Store ``data`` as quarantine record ``record_id`` of ``key`` unconditionally, in the
+        layout of a real record (chunks, then header), and return its etag.
+
+        For tests and repair tools only: it plays an out-of-band writer (a bad restore, a bug
+        elsewhere) so a test can check how a corrupt or misplaced record is handled. Binary
+        properties hold any bytes, NUL included. The chunks of the version it replaces are left
+        behind.
+        """
+        action = f"write quarantine record `{record_id}` of"
+        header, chunks = _table_chunks.layout(key, record_id, bytes(data))
+        _table_chunks.write_chunks(self.quarantine_table, chunks, key, action)
+        result = self._in_quarantine_table(
+            lambda: self.quarantine_table.upsert_entity(header, mode=UpdateMode.REPLACE),
+            key,
+            action,
+        )
+        return str(result["etag"])
+
     # -- LeaseManager: Azure blob leases in the same account ---------------------------------
 
     def acquire(self, key: PollerKey, owner: str, duration: float) -> LeaseGrant | None:
@@ -225,16 +377,19 @@ class TableStateStore:
         except ResourceNotFoundError:
             return None
 
+    def _quarantine_header(
+        self, key: PollerKey, record_id: str, *, select: list[str] | None = None
+    ) -> TableEntity | None:
+        """The header entity of ``record_id`` (only the ``select`` properties), or ``None``."""
+        return _table_chunks.read_header(self.quarantine_table, key, record_id, select=select)
+
+    def _in_quarantine_table(self, call: Callable[[], T], key: PollerKey, action: str) -> T:
+        """Run ``call``; if the quarantine table does not exist yet, create it and run it again."""
+        return _table_chunks.in_table(self.quarantine_table, call, key, action)
+
     def _in_table(self, call: Callable[[], T], key: PollerKey) -> T:
         """Run ``call``; if the table does not exist yet, create it and run it again."""
-        return creating_parent(
-            call,
-            self.table.create_table,
-            missing="TableNotFound",
-            service=_TABLE,
-            action="write the checkpoint of",
-            key=key,
-        )
+        return _table_chunks.in_table(self.table, call, key, "write the checkpoint of")
 
 
 def _entity(checkpoint: Checkpoint) -> dict[str, Any]:

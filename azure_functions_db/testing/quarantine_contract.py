@@ -9,8 +9,8 @@ and may override :meth:`QuarantineStoreContract.reopen` to prove records outlive
 from __future__ import annotations
 
 import dataclasses
-import math
 import datetime as dt
+import math
 import uuid
 from decimal import Decimal
 from typing import Any

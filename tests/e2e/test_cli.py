@@ -95,7 +95,13 @@ def test_status_json_is_stable(app, capsys):
         "last_error",
         "stats",
         "error",
+        "health",
+        "quarantine",
     }
+    assert doc["health"]["state"] == "healthy"
+    assert doc["health"]["lag_rows"] == 0
+    assert doc["health"]["last_success_at"] is not None
+    assert doc["quarantine"] == {"records": 0, "rows": 0}
     assert (doc["poller"], doc["namespace"], doc["fence"], doc["attempts"]) == (
         "orders",
         "live",
