@@ -14,7 +14,8 @@ Environment (set by ``soak.run``): ``AzureWebJobsStorage``, ``SOAK_DB_URL``, ``S
 ``SOAK_TABLE``,
 ``SOAK_CONTAINER``, ``SOAK_EVENTS`` (folder), ``SOAK_DRAIN`` (flag file), ``SOAK_SEED``,
 ``SOAK_CONTROL`` (``1``: no late-commit horizon; the soak must then report lost rows),
-``SOAK_CALM`` (``1``: the handler never fails, freezes or dawdles).
+``SOAK_CALM`` (``1``: the handler never fails, freezes or dawdles, but for the planted poison
+versions, which it always refuses: ``poison="quarantine"`` parks them).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 import azure_functions_db as afdb
 from devkit.evidence import EvidenceLog, capture_engine_events
+from soak.check import poisoned
 
 ENV = os.environ
 LEASE_SECONDS = 15.0
@@ -68,8 +70,14 @@ def _position(position: afdb.Position | None) -> list[Any] | None:
     batch_size=100,
     time_budget=30,
     lease_duration=LEASE_SECONDS,
+    max_attempts=3,
+    poison="quarantine",
 )
 def on_changes(batch: afdb.Batch, sink: afdb.SqlWriter) -> None:
+    bad = [[c.pk, c.data["version"]] for c in batch if poisoned(c.pk, c.data["version"])]
+    if bad:  # always, draining or not: only quarantine gets the poller past these
+        EVENTS.write("poison", fence=batch.fence, attempt=batch.attempt, rows=bad)
+        raise ValueError(f"soak: planted poison version(s) {bad}")
     sink.insert(
         APPLIED,
         [

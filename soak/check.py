@@ -20,6 +20,12 @@ Violations (any one fails the soak):
     (``sink_duplicates``), or a committed (id, version) of which neither that version nor a
     later one of its id reached the sink (``sink_missing``): the sink must hold each delivered
     version exactly once, through every fault.
+(g) ``poison="quarantine"``: the handler always fails on a planted poison version
+    (:func:`poisoned`); the poller quarantines it. A version counts as accounted for in (a) and
+    (f) when a quarantine record holds it (or a later version of its id); a quarantined version
+    no writer committed is a phantom (e); a planted version that is neither delivered, nor
+    quarantined, nor superseded is missing (a). Good versions a record holds (a random handler
+    failure while a poison batch was split) are reported, not judged.
 ``harness``: the evidence contradicts itself (a COMMIT the writer saw return is not in the history
     table, or the drain did not finish): the run proves nothing.
 
@@ -49,6 +55,13 @@ from typing import Any
 from devkit.evidence import read_all
 
 Pair = tuple[int, int]
+
+
+def poisoned(row: int, version: int) -> bool:
+    """Whether the soak's handler fails on every batch holding this version (about 1 in 997)."""
+    return (row * 31 + version) % 997 == 7
+
+
 # The engine's events that end a handler call's batch: acknowledged, or not.
 _ENDS_OF_A_CALL = ("batch_committed", "commit_rejected", "lease_lost", "handler_failed")
 EXAMPLES = 10
@@ -93,6 +106,11 @@ class Report:
     sink_missing_examples: list[Pair] = field(default_factory=list)
     sink_duplicates: int = 0
     sink_duplicate_examples: list[Pair] = field(default_factory=list)
+    quarantine_records: int | None = None
+    quarantined: int = 0
+    poison_planted: int = 0
+    poison_quarantined: int = 0
+    quarantined_good: int = 0
 
     @property
     def violations(self) -> list[str]:
@@ -136,7 +154,18 @@ class Report:
                 f"(ratio {self.duplicate_ratio:.4f}) | {self.longest_standstill:.1f} s "
                 f"| {self.delay_p50 or 0:.2f} s / {self.delay_p99 or 0:.2f} s "
                 f"| {self._sink_line()} |",
+                "",
+                f"Quarantine: {self._quarantine_line()}.",
             ]
+        )
+
+    def _quarantine_line(self) -> str:
+        if self.quarantine_records is None:
+            return "not recorded"
+        return (
+            f"{self.quarantine_records} record(s), {self.quarantined} version(s): "
+            f"{self.poison_quarantined} of {self.poison_planted} planted poison, "
+            f"{self.quarantined_good} good (a handler failure while splitting)"
         )
 
     def _sink_line(self) -> str:
@@ -176,6 +205,7 @@ class Report:
             f"live lease on restart (fence rejected them; stale commits: {self.stale_commits})",
             f"(e) phantoms       {self.phantoms} {self.phantom_examples[:3] or ''}",
             f"(f) SqlSink        {self._sink_line()}",
+            f"(g) quarantine     {self._quarantine_line()}",
             f"monitor samples    {self.samples} ({self.sample_errors} failed reads)",
             f"longest standstill {secs(self.longest_standstill)} with committed rows waiting",
             f"commit->delivery   p50 {secs(self.delay_p50)}, p99 {secs(self.delay_p99)}",
@@ -220,12 +250,15 @@ def check(folder: Path) -> Report:
     history = set(_pairs(json.loads((folder / "history.json").read_text())))
     commits = _commits(read_all(folder / "writers"), history, report)
     handlers = _Handlers(read_all(folder / "events"), report)
-    # (a) every committed version, or a later one of its id, was delivered
+    parked = _quarantined(folder, commits, report)
+    # (a) every committed version, or a later one of its id, was delivered or quarantined
     newest = {row: max(v for _, v in seen) for row, seen in handlers.deliveries.items()}
+    for row, version in parked:
+        newest[row] = max(version, newest.get(row, -1))
     missing = sorted(p for p in commits if newest.get(p[0], -1) < p[1])
     report.missing, report.missing_examples = len(missing), missing[:EXAMPLES]
-    # (e) nothing delivered that was not committed
-    phantoms = sorted(p for p in handlers.delivered if p not in commits)
+    # (e) nothing delivered or quarantined that was not committed
+    phantoms = sorted(p for p in set(handlers.delivered) | parked if p not in commits)
     report.phantoms, report.phantom_examples = len(phantoms), phantoms[:EXAMPLES]
     # (b) the monitor's samples
     samples = read_all(folder, "samples.jsonl")
@@ -245,11 +278,25 @@ def check(folder: Path) -> Report:
     ]
     _stale_calls(handlers, restarts, report)
     _liveness(commits, handlers, good, set(missing), report)
-    _sink(folder, commits, report)
+    _sink(folder, commits, parked, report)
     return report
 
 
-def _sink(folder: Path, commits: Mapping[Pair, float], report: Report) -> None:
+def _quarantined(folder: Path, commits: Mapping[Pair, float], report: Report) -> set[Pair]:
+    """(g) the versions the poller's quarantine records hold (``quarantine.json``)."""
+    report.poison_planted = sum(1 for p in commits if poisoned(*p))
+    path = folder / "quarantine.json"
+    if not path.exists():
+        return set()
+    records = json.loads(path.read_text())
+    parked = {(int(r[0]), int(r[1])) for record in records for r in record["rows"]}
+    report.quarantine_records, report.quarantined = len(records), len(parked)
+    report.poison_quarantined = sum(1 for p in parked if poisoned(*p))
+    report.quarantined_good = len(parked) - report.poison_quarantined
+    return parked
+
+
+def _sink(folder: Path, commits: Mapping[Pair, float], parked: set[Pair], report: Report) -> None:
     """(f) the SqlSink holds every committed version (or a later one of its id) exactly once."""
     path = folder / "sink.json"
     if not path.exists():
@@ -260,7 +307,7 @@ def _sink(folder: Path, commits: Mapping[Pair, float], report: Report) -> None:
     twice = sorted(p for p, n in counts.items() if n > 1)
     report.sink_duplicates, report.sink_duplicate_examples = len(twice), twice[:EXAMPLES]
     newest: dict[int, int] = {}
-    for row, version in counts:
+    for row, version in [*counts, *parked]:
         newest[row] = max(version, newest.get(row, -1))
     lost = sorted(p for p in commits if newest.get(p[0], -1) < p[1])
     report.sink_missing, report.sink_missing_examples = len(lost), lost[:EXAMPLES]

@@ -419,6 +419,7 @@ class Soak:
             monitor.join(timeout=10)
             self.dump_history()
             self.dump_sink()
+            self.dump_quarantine()
             self.write_meta()
             self.drop_tables()
             self.azurite.stop()
@@ -496,6 +497,30 @@ class Soak:
         )
         if rows is not None:
             (self.out / "sink.json").write_text(json.dumps(rows))
+
+    def dump_quarantine(self) -> None:
+        """The poller's quarantine records, as (id, version) of the rows each holds, for the
+        checker's (g) (no file when the store cannot be read: the harness line fails the run)."""
+        from azure_functions_db.core.checkpoint import PollerKey
+        from azure_functions_db.state.blob import BlobStateStore
+
+        key = PollerKey("live", "soak")
+        try:
+            self.azurite.ensure_running()
+            store = BlobStateStore(
+                settings={"AzureWebJobsStorage": self.azurite.connection_string},
+                container=CONTAINER,
+            )
+            records = []
+            for record_id in store.list_quarantined(key):
+                stored = store.read_quarantined(key, record_id)
+                if stored is not None:
+                    rows = [[c.pk, c.data["version"]] for c in stored.record.changes]
+                    records.append({"id": record_id, "state": stored.record.state, "rows": rows})
+        except Exception as exc:  # noqa: BLE001 - reported as a harness failure
+            self.harness.append(f"cannot read the quarantine records: {exc!r}")
+            return
+        (self.out / "quarantine.json").write_text(json.dumps(records))
 
     def read_rows(
         self, connect: Callable[[], psycopg.Connection[Any]], query: str, suffix: str

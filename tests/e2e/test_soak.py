@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from soak.check import check
+from soak.check import check, poisoned
 from soak.run import KINDS, REPO, schedule
 
 T0 = "2026-11-25 10:00:00+00:00"
@@ -233,3 +233,29 @@ def test_the_sqlsink_must_hold_each_committed_version_once(ev: Evidence) -> None
     lost = ev.judge()
     assert (lost.sink_missing, lost.sink_missing_examples) == (1, [(1, 3)])
     assert "SqlSink" in lost.markdown("make soak")
+
+
+def test_a_quarantined_version_is_accounted_for_and_a_quarantined_phantom_is_not(
+    ev: Evidence,
+) -> None:
+    poison = next((9, v) for v in range(1, 2000) if poisoned(9, v))
+    ev.commit(2.1, poison)
+    ev.deliver(2.5, 1, (1, 3), (2, 2))
+    (ev.root / "sink.json").write_text(json.dumps([[1, 3, 1], [2, 2, 1]]))
+    missed = ev.judge()  # the planted version went nowhere
+    assert missed.missing_examples == [poison]
+    assert missed.sink_missing_examples == [poison]
+    assert missed.poison_planted == 1
+    record = {"id": "q-1", "state": "quarantined", "rows": [list(poison)]}
+    (ev.root / "quarantine.json").write_text(json.dumps([record]))
+    parked = ev.judge()
+    assert parked.violations == []
+    assert (parked.quarantine_records, parked.poison_quarantined, parked.quarantined_good) == (
+        1,
+        1,
+        0,
+    )
+    assert "1 of 1 planted poison" in parked.summary()
+    phantom = {"id": "q-2", "state": "quarantined", "rows": [[7, 7]]}  # never committed
+    (ev.root / "quarantine.json").write_text(json.dumps([record, phantom]))
+    assert ev.judge().phantom_examples == [(7, 7)]
