@@ -113,9 +113,14 @@ def run_chunk(
     if stored is not None and chunk.finished(stored.checkpoint):
         return result
     # The chunk keeps its own record, but its batches are the poller's: `batch.poller` and every
-    # `event_id` are the same as live polling's for the same row version.
+    # `event_id` are the same as live polling's for the same row version. A poison batch fails
+    # the chunk's task (`halt`): quarantine records are the live poller's, and a rerun resumes.
     config = dataclasses.replace(
-        definition.config, namespace=namespace, record=key.poller, chunk=f"{run_id}/{index}"
+        definition.config,
+        namespace=namespace,
+        record=key.poller,
+        chunk=f"{run_id}/{index}",
+        poison="halt",
     )
     engine = Engine(
         config,
