@@ -282,6 +282,12 @@ def _run(args: argparse.Namespace, console: Console) -> int:
                     f"{r.poller}: {r.status}, {r.batches} batch(es), {r.rows} row(s), "
                     f"position {r.position or '(beginning)'}"
                 )
+            if r.quarantined:
+                console.print(
+                    f"{r.poller}: {r.quarantined} row(s) quarantined in {len(r.records)} "
+                    f"record(s): {', '.join(r.records)}",
+                    style="yellow",
+                )
         else:
             console.print(f"{outcome.poller}: failed: {outcome.error}", style="red")
             if outcome.error is not None:

@@ -188,7 +188,7 @@ class Engine(PoisonRuns, HealthRuns):
     def _loop(self, claim: Claim, started: float, report: RunReport) -> None:
         cfg = self.config
         keeper = claim.keeper
-        report.position = claim.checkpoint.position
+        report.position, report.looped = claim.checkpoint.position, True
         # The horizon is kept while batches come back full (one query per catch-up, not per
         # batch). A bound taken earlier is lower than a fresh one, so still safe, and it is fixed
         # before each read; but a short batch under it only means "nothing more below this old

@@ -116,8 +116,8 @@ class HealthRuns:
         if error is None and report.status == "caught_up":
             report.lag_rows, report.lag_seconds = 0, 0.0
             return
-        if self._backlog is None:
-            return
+        if self._backlog is None or not report.looped:
+            return  # no position known: the run ended before it read the checkpoint
         try:
             report.lag_rows = self._backlog.rows_after(report.position, UNBOUNDED, LAG_CAP)
             if report.lag_rows:

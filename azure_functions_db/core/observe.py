@@ -87,6 +87,7 @@ class RunReport:
     lag_seconds: float | None = None
     health: str | None = None
     last_success: dt.datetime | None = None
+    looped: bool = False  # the run held the poller and read its checkpoint (position is known)
 
 
 class RunObserver(Protocol):

@@ -123,6 +123,16 @@ class PollerBlueprint(func.Blueprint):
             ConfigurationError: a bad schedule, batch size, name, handler or a duplicate poller
                 name.
         """
+        if (
+            isinstance(stall_intervals, bool)
+            or not isinstance(stall_intervals, int)
+            or (stall_intervals < 1)
+        ):
+            raise ConfigurationError(
+                f"`stall_intervals={stall_intervals!r}` must be a positive integer: schedule "
+                "intervals without a successful run before the poller counts as stalled (e.g. "
+                "`stall_intervals=5`)."
+            )
         config = PollerConfig(
             name=name,
             namespace=namespace,

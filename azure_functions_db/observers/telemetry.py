@@ -172,8 +172,14 @@ class OtelMetrics:
         self._stalled = meter.create_gauge(
             "afdb.health.stalled",
             unit="1",
-            description="1 while the poller is stalled or falling behind (afdb.health says "
-            "which), 0 when healthy; set by every run that records its health.",
+            description="1 while no run of the poller has succeeded for stall_intervals "
+            "schedule intervals, else 0; set by every run that records its health.",
+        )
+        self._behind = meter.create_gauge(
+            "afdb.health.falling_behind",
+            unit="1",
+            description="1 while the poller's backlog has grown over stall_intervals runs in "
+            "a row, else 0; set by every run that records its health.",
         )
         self._success_age = meter.create_gauge(
             "afdb.health.success_age",
@@ -229,8 +235,8 @@ class OtelMetrics:
         if status in ("caught_up", "held_by_horizon"):
             self._held.set(report.held_seconds or 0.0, attrs)
         if report.health is not None:
-            stalled = 0 if report.health == "healthy" else 1
-            self._stalled.set(stalled, {**attrs, "afdb.health": report.health})
+            self._stalled.set(int(report.health == "stalled"), attrs)
+            self._behind.set(int(report.health == "falling_behind"), attrs)
             if report.last_success is not None:
                 quiet = (self._clock.now() - report.last_success).total_seconds()
                 self._success_age.set(max(0.0, quiet), attrs)

@@ -105,8 +105,13 @@ def drop_record(
     stored = store.read_quarantined(cfg.key, record_id)
     if stored is None:
         raise _missing(definition, record_id)
-    if stored.record.state == "dropped":
-        raise QuarantineStateError(cfg.name, cfg.namespace, record_id, "it was dropped already.")
+    if stored.record.state != "quarantined":
+        raise QuarantineStateError(
+            cfg.name,
+            cfg.namespace,
+            record_id,
+            f"it was {stored.record.state} already; only a quarantined record can be dropped.",
+        )
     fence = store.inspect(cfg.key).fence
     event = QuarantineEvent("dropped", definition.clock.now(), by, fence, reason)
     dropped = stored.record.with_event(event, "dropped")

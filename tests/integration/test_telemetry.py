@@ -47,7 +47,6 @@ ALLOWED_ATTRIBUTES = {
     "afdb.poller",
     "afdb.namespace",
     "afdb.status",
-    "afdb.health",
     "error.type",
 }
 
@@ -480,3 +479,37 @@ def test_the_backlog_count_is_exact_capped_and_an_index_range(db, opened, bounde
             plan
         )
         assert not any("filesort" in (r["Extra"] or "") for r in plan), plan
+
+
+def test_quarantined_rows_and_the_health_gauges(orders, store, clock, metrics):
+    orders.insert(range(1, 9))
+    state = {"down": True, "poison": 0}
+
+    def handler(batch: Batch) -> None:
+        if state["down"] or any(c.pk == state["poison"] for c in batch):
+            raise RuntimeError("cannot take it")
+
+    engine = make_engine(orders, store, handler, clock, metrics, max_attempts=100, stall_after=60.0)
+    for _ in range(3):  # 0 s, 30 s, 60 s: stalled at the third failure
+        with pytest.raises(HandlerError):
+            engine.run(SETTINGS)
+        clock.advance(30)
+    m = metrics.collect()
+    assert m.value("afdb.health.stalled", **ORDERS) == 1
+    assert m.value("afdb.health.falling_behind", **ORDERS) == 0
+    state["down"] = False
+    engine.run(SETTINGS)
+    m = metrics.collect()
+    assert m.value("afdb.health.stalled", **ORDERS) == 0  # the same series, back to 0
+    assert m.value("afdb.health.success_age", **ORDERS) == 0
+    assert m.value("afdb.rows.quarantined", **ORDERS) == 0
+    orders.insert(range(9, 17), base=T0 + dt.timedelta(minutes=1))
+    state["poison"] = 13
+    quarantining = make_engine(
+        orders, store, handler, clock, metrics, max_attempts=1, poison="quarantine"
+    )
+    quarantining.run(SETTINGS)
+    m = metrics.collect()
+    assert m.value("afdb.rows.quarantined", **ORDERS) == 1
+    assert m.value("afdb.rows.delivered", **ORDERS) == 15
+    assert m.all_attribute_keys() <= ALLOWED_ATTRIBUTES
