@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -78,7 +79,7 @@ class SourceDescription:
         if not isinstance(data, dict):
             raise CodecError(f"`source` must be an object, found `{data!r}`")
         return cls(
-            table=_str(data, "table"),
+            table=str_field(data, "table"),
             cursor=tuple(_str_list(data, "cursor")),
             pk=tuple(_str_list(data, "pk")),
             where=data.get("where"),
@@ -113,11 +114,11 @@ class SeekAudit:
         if not isinstance(at, dt.datetime):
             raise CodecError("`seek.at` must be a datetime")
         return cls(
-            by=_str(data, "by"),
+            by=str_field(data, "by"),
             at=at,
             from_position=_position_or_none(data.get("from")),
             to_position=_position_or_none(data.get("to")),
-            reason=_str(data, "reason"),
+            reason=str_field(data, "reason"),
         )
 
 
@@ -177,14 +178,14 @@ class RunHealth:
             raise CodecError("`health.last_run_at` is missing")
         return cls(
             last_run_at=last_run_at,
-            last_status=_str(data, "last_status"),
+            last_status=str_field(data, "last_status"),
             last_success_at=_time_or_none_from(
                 data.get("last_success_at"), "health.last_success_at"
             ),
             failing_since=_time_or_none_from(data.get("failing_since"), "health.failing_since"),
             lag_rows=lag_rows,
             lag_seconds=float(lag_seconds) if lag_seconds is not None else None,
-            lag_grew=_int(data, "lag_grew"),
+            lag_grew=count_field(data, "lag_grew"),
             state=data["state"],
         )
 
@@ -394,17 +395,17 @@ def decode_checkpoint(data: bytes) -> Checkpoint:
     if last_error is not None and not isinstance(last_error, str):
         raise CodecError("`last_error` must be a string")
     return Checkpoint(
-        key=PollerKey(namespace=_str(doc, "namespace"), poller=_str(doc, "poller")),
+        key=PollerKey(namespace=str_field(doc, "namespace"), poller=str_field(doc, "poller")),
         position=_position_or_none(doc.get("position")),
-        fence=_int(doc, "fence"),
+        fence=count_field(doc, "fence"),
         source=SourceDescription.from_json(source) if source is not None else None,
         committed_at=committed_at,
-        attempts=_int(doc, "attempts"),
+        attempts=count_field(doc, "attempts"),
         last_error=last_error,
         stats=CheckpointStats(
-            batches=_int(stats, "batches"),
-            rows=_int(stats, "rows"),
-            quarantined=_int(stats, "quarantined") if "quarantined" in stats else 0,
+            batches=count_field(stats, "batches"),
+            rows=count_field(stats, "rows"),
+            quarantined=count_field(stats, "quarantined") if "quarantined" in stats else 0,
         ),
         seek=SeekAudit.from_json(seek) if seek is not None else None,
         health=RunHealth.from_json(health) if health is not None else None,
@@ -428,14 +429,16 @@ def _position_or_none(data: Any) -> Position | None:
     return None if data is None else Position.from_json(data)
 
 
-def _str(doc: dict[str, Any], name: str) -> str:
+def str_field(doc: Mapping[str, Any], name: str) -> str:
+    """``doc[name]``, which must be a string (else :class:`CodecError`)."""
     value = doc.get(name)
     if not isinstance(value, str):
         raise CodecError(f"`{name}` must be a string, found `{value!r}`")
     return value
 
 
-def _int(doc: dict[str, Any], name: str) -> int:
+def count_field(doc: Mapping[str, Any], name: str) -> int:
+    """``doc[name]``, which must be a non-negative integer (else :class:`CodecError`)."""
     value = doc.get(name)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise CodecError(f"`{name}` must be a non-negative integer, found `{value!r}`")

@@ -27,13 +27,13 @@ import datetime as dt
 import hashlib
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any, Literal
 
 from azure_functions_db.core.batch import Batch, Change
-from azure_functions_db.core.checkpoint import PollerKey
+from azure_functions_db.core.checkpoint import PollerKey, count_field, str_field
 from azure_functions_db.core.position import Position, decode_value, encode_value
 from azure_functions_db.errors import CodecError
 
@@ -71,9 +71,9 @@ class QuarantineEvent:
         return cls(
             action=doc["action"],
             at=_datetime(doc.get("at"), "history.at"),
-            by=_text(doc, "by"),
-            fence=_count(doc, "fence"),
-            detail=_text(doc, "detail"),
+            by=str_field(doc, "by"),
+            fence=count_field(doc, "fence"),
+            detail=str_field(doc, "detail"),
         )
 
 
@@ -204,7 +204,7 @@ def decode_record(data: bytes) -> QuarantineRecord:
             f"unknown quarantine schema `{doc.get('schema')}` (this version reads schema "
             f"{QUARANTINE_SCHEMA}); was it written by a newer azure-functions-db"
         )
-    key = PollerKey(_text(doc, "namespace"), _text(doc, "poller"))
+    key = PollerKey(str_field(doc, "namespace"), str_field(doc, "poller"))
     if doc.get("state") not in STATES:
         raise CodecError(f"unknown state `{doc.get('state')!r}`")
     rows = doc.get("rows")
@@ -220,13 +220,13 @@ def decode_record(data: bytes) -> QuarantineRecord:
     before = doc.get("before")
     return QuarantineRecord(
         key=key,
-        id=_text(doc, "id"),
+        id=str_field(doc, "id"),
         before=Position.from_json(before) if before is not None else None,
         after=Position.from_json(doc.get("after")),
         changes=changes,
-        error=_text(doc, "error"),
-        attempts=_count(doc, "attempts"),
-        fence=_count(doc, "fence"),
+        error=str_field(doc, "error"),
+        attempts=count_field(doc, "attempts"),
+        fence=count_field(doc, "fence"),
         at=_datetime(doc.get("at"), "at"),
         state=doc["state"],
         history=tuple(QuarantineEvent.from_json(e) for e in history),
@@ -310,20 +310,6 @@ def _change(poller: str, row: Any) -> Change:
         raise CodecError(f"unknown row op `{op!r}`")
     data = {str(name): decode_data(v) for name, v in row["data"].items()}
     return Change(data, Position.from_json(row.get("position")), poller, op)
-
-
-def _text(doc: Mapping[str, Any], name: str) -> str:
-    value = doc.get(name)
-    if not isinstance(value, str):
-        raise CodecError(f"`{name}` must be a string, found `{value!r}`")
-    return value
-
-
-def _count(doc: Mapping[str, Any], name: str) -> int:
-    value = doc.get(name)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise CodecError(f"`{name}` must be a non-negative integer, found `{value!r}`")
-    return value
 
 
 def _datetime(encoded: Any, name: str) -> dt.datetime:
