@@ -31,6 +31,9 @@ class PollerConfig:
             ``falling_behind``, is ``stall_runs``); ``None``: not judged.
         stall_runs: Consecutive runs with a growing backlog that make a poller
             ``falling_behind``.
+        pipeline: Fetch and handle the next batch while the previous batch's checkpoint commit
+            is in flight (at most one, in order; see :mod:`azure_functions_db.core.commits`).
+            ``False`` commits each batch before reading the next.
         infra_retries: Bounded retries (with backoff and jitter) of transient database and
             storage errors within a run.
         retry_delay: Base delay of that backoff, in seconds.
@@ -59,6 +62,7 @@ class PollerConfig:
     hold_warning: float = 300.0
     stall_after: float | None = None
     stall_runs: int = 5
+    pipeline: bool = True
 
     def __post_init__(self) -> None:
         _check_name("poller name", self.name)
