@@ -85,6 +85,8 @@ class PollerConfig:
         if self.stall_after is not None:
             _check_positive("stall_after", self.stall_after, "seconds, e.g. `stall_after=300`")
         _check_positive("stall_runs", self.stall_runs, "runs, e.g. `stall_runs=5`", integer=True)
+        if not isinstance(self.pipeline, bool):
+            raise ConfigurationError(f"`pipeline={self.pipeline!r}` must be True or False.")
         if self.time_budget <= self.lease_duration / 3:
             raise ConfigurationError(
                 f"`time_budget={self.time_budget}` is too short for `lease_duration="

@@ -63,6 +63,7 @@ class PollerBlueprint(func.Blueprint):
         poison: Literal["halt", "quarantine"] = "halt",
         bisect: bool = True,
         stall_intervals: int = 5,
+        pipeline: bool = True,
         run_on_startup: bool = False,
         use_monitor: bool | None = None,
         retry: FunctionsRetry | None = None,
@@ -99,6 +100,10 @@ class PollerBlueprint(func.Blueprint):
             bisect: With ``"quarantine"``: split a poison batch until its failing rows are
                 alone, so the good rows still reach the handler and only the bad ones are
                 parked. ``False`` parks the whole batch.
+            pipeline: Read and handle the next batch while the previous batch's checkpoint
+                commit is in flight (at most one, strictly in order; a failed commit ends the
+                run and nothing after it is acknowledged). ``False`` commits each batch before
+                reading the next.
             stall_intervals: Schedule intervals without a successful run after which the
                 poller counts as ``stalled`` (and runs in a row with a growing backlog after
                 which it is ``falling_behind``): logged once per change of state, shown by
@@ -143,6 +148,7 @@ class PollerBlueprint(func.Blueprint):
             poison=poison,
             bisect=bisect,
             stall_runs=stall_intervals,
+            pipeline=pipeline,
             hold_warning=hold_warning,
         )
         validate_schedule(schedule, name)
