@@ -2,8 +2,12 @@
 while the previous batch's compare-and-set commit is in flight.
 
 At most one commit is outstanding and commits land strictly in order (each is written over the
-etag the previous one returned). Nothing about a batch is reported, acknowledged to the source
-or counted until its commit returned: :meth:`CommitPipe.settle` waits for it on the run's own
+etag the previous one returned). With coalescing (``checkpoint_every``) several batches share
+one commit: their record is held back until enough rows or seconds went by, and written at the
+latest before anything else happens to the checkpoint (see :meth:`CommitPipe.settle`).
+
+Nothing about a batch is reported, acknowledged to the source or counted until its commit
+returned: :meth:`CommitPipe.settle` waits for it on the run's own
 thread and raises its error there, which ends the run and leaves every later batch
 unacknowledged (the next run delivers them again). A run never ends with a commit in flight.
 """
@@ -18,7 +22,12 @@ from dataclasses import dataclass
 from azure_functions_db.core.batch import Batch
 from azure_functions_db.core.checkpoint import Checkpoint
 from azure_functions_db.core.claim import Claim
-from azure_functions_db.errors import CheckpointConflictError, TransientStoreError
+from azure_functions_db.core.config import PollerConfig
+from azure_functions_db.errors import (
+    CheckpointConflictError,
+    ConfigurationError,
+    TransientStoreError,
+)
 
 #: Logs one structured event: ``log(level, action, **fields)``.
 LogEvent = Callable[..., None]
@@ -26,10 +35,11 @@ LogEvent = Callable[..., None]
 
 @dataclass
 class _Pending:
-    batch: Batch
+    batch: Batch  # the last batch the commit acknowledges
     new: Checkpoint
     done: Callable[[], None]
     future: Future[None] | None  # None: written already (not pipelined)
+    rows: int = 0  # rows the commit acknowledges (0: the batch's)
 
 
 class CommitPipe:
@@ -50,6 +60,9 @@ class CommitPipe:
         pipelined: bool,
         log: LogEvent,
         rejected: Callable[[Batch], None],
+        every_rows: int | None = None,
+        every_seconds: float | None = None,
+        monotonic: Callable[[], float] | None = None,
     ) -> None:
         self._claim = claim
         self._pipelined = pipelined
@@ -57,40 +70,86 @@ class CommitPipe:
         self._rejected = rejected
         self._pending: _Pending | None = None
         self._executor: ThreadPoolExecutor | None = None
+        self._every_rows = every_rows
+        self._every_seconds = every_seconds
+        self._monotonic = monotonic
+        self._held: list[_Pending] = []  # coalesced batches, not yet submitted
+        self._held_rows = 0
+        self._held_since = 0.0
 
     @property
     def checkpoint(self) -> Checkpoint:
-        """The record as it is once every submitted commit landed: what the next batch is read
-        after and numbered from."""
+        """The record as it is once every batch handed to the pipe is committed: what the next
+        batch is read after and numbered from."""
+        if self._held:
+            return self._held[-1].new
         return self._pending.new if self._pending is not None else self._claim.checkpoint
 
     @property
     def busy(self) -> bool:
-        """Whether a commit is in flight (or written and not yet reported)."""
-        return self._pending is not None
+        """Whether a commit is held back, in flight, or written and not yet reported."""
+        return self._pending is not None or bool(self._held)
 
-    def submit(self, batch: Batch, new: Checkpoint, done: Callable[[], None]) -> None:
+    def add(self, batch: Batch, new: Checkpoint, done: Callable[[], None]) -> None:
+        """Commit ``new`` (the record after ``batch``): now, or with later batches when
+        coalescing and neither ``every_rows`` rows nor ``every_seconds`` went by since the
+        first batch held back."""
+        if self._every_rows is None and self._every_seconds is None:
+            self.submit(batch, new, done)
+            return
+        now = self._monotonic() if self._monotonic is not None else 0.0
+        if not self._held:
+            self._held_since = now
+        self._held.append(_Pending(batch, new, done, None))
+        self._held_rows += len(batch)
+        rows_due = self._every_rows is not None and self._held_rows >= self._every_rows
+        time_due = self._every_seconds is not None and now - self._held_since >= self._every_seconds
+        if rows_due or time_due:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Submit the batches held back as one commit (their last record)."""
+        if not self._held:
+            return
+        held, self._held, rows = self._held, [], self._held_rows
+        self._held_rows = 0
+        last = held[-1]
+
+        def done() -> None:
+            for each in held:
+                each.done()
+
+        self.submit(last.batch, last.new, done, rows=rows)
+
+    def submit(
+        self, batch: Batch, new: Checkpoint, done: Callable[[], None], *, rows: int = 0
+    ) -> None:
         """Commit ``new`` (the record after ``batch``), after the commit before it landed;
         ``done()`` runs on this thread once it did (report, acknowledge, count)."""
-        self.settle()
+        self._wait()
         self._claim.keeper.ensure_held()
         if not self._pipelined:
-            self._pending = _Pending(batch, new, done, None)
+            self._pending = _Pending(batch, new, done, None, rows)
             try:
                 self._claim.write(new)
             except BaseException:
                 self._pending = None
                 raise
-            self.settle()
+            self._wait()
             return
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="afdb-commit")
         future = self._executor.submit(self._claim.write, new)
-        self._pending = _Pending(batch, new, done, future)
+        self._pending = _Pending(batch, new, done, future, rows)
 
     def settle(self) -> None:
-        """Wait for the commit in flight; report it, or raise its error (``commit_rejected``
-        for a lost compare-and-set, ``commit_ambiguous_lost`` for an unknown outcome)."""
+        """Commit the batches held back, wait for the commit in flight; report them, or raise
+        the commit's error (``commit_rejected`` for a lost compare-and-set,
+        ``commit_ambiguous_lost`` for an unknown outcome)."""
+        self._flush()
+        self._wait()
+
+    def _wait(self) -> None:
         pending, self._pending = self._pending, None
         if pending is None:
             return
@@ -99,7 +158,8 @@ class CommitPipe:
             if pending.future is not None:
                 pending.future.result()
         except CheckpointConflictError:
-            self._log(logging.WARNING, "commit_rejected", fence=batch.fence, rows=len(batch))
+            rows = pending.rows or len(batch)
+            self._log(logging.WARNING, "commit_rejected", fence=batch.fence, rows=rows)
             self._rejected(batch)
             raise
         except TransientStoreError:
@@ -109,7 +169,7 @@ class CommitPipe:
             logging.INFO,
             "batch_committed",
             fence=batch.fence,
-            rows=len(batch),
+            rows=pending.rows or len(batch),
             attempt=batch.attempt,
             position=pending.new.position,
         )
@@ -130,3 +190,14 @@ class CommitPipe:
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
                 self._executor = None
+
+
+def check_coalescing(config: PollerConfig, *, sink: bool) -> None:
+    """Refuse coalesced commits with a transactional sink, which commits each batch with its
+    position: the checkpoint must follow every batch (the catch-up rule: one batch behind)."""
+    if sink and (config.checkpoint_every is not None or config.checkpoint_seconds is not None):
+        raise ConfigurationError(
+            f"Poller `{config.name}` has a transactional sink and coalesced commits "
+            "(`checkpoint_every`/`checkpoint_seconds`): the sink commits each batch with its "
+            "position, so the checkpoint must follow every batch. Remove the coalescing."
+        )

@@ -34,6 +34,12 @@ class PollerConfig:
         pipeline: Fetch and handle the next batch while the previous batch's checkpoint commit
             is in flight (at most one, in order; see :mod:`azure_functions_db.core.commits`).
             ``False`` commits each batch before reading the next.
+        checkpoint_every: Coalesce commits: one checkpoint write per this many rows (several
+            batches), instead of one per batch; ``None``: every batch. A crash then delivers up
+            to this many rows again. Not with a transactional sink.
+        checkpoint_seconds: Coalesce commits: one checkpoint write at least every this many
+            seconds. With either option a run also commits at its end, before counting a
+            failure, and at least every ``lease_duration / 2`` seconds.
         infra_retries: Bounded retries (with backoff and jitter) of transient database and
             storage errors within a run.
         retry_delay: Base delay of that backoff, in seconds.
@@ -63,6 +69,8 @@ class PollerConfig:
     stall_after: float | None = None
     stall_runs: int = 5
     pipeline: bool = True
+    checkpoint_every: int | None = None
+    checkpoint_seconds: float | None = None
 
     def __post_init__(self) -> None:
         _check_name("poller name", self.name)
@@ -85,6 +93,12 @@ class PollerConfig:
         if self.stall_after is not None:
             _check_positive("stall_after", self.stall_after, "seconds, e.g. `stall_after=300`")
         _check_positive("stall_runs", self.stall_runs, "runs, e.g. `stall_runs=5`", integer=True)
+        if self.checkpoint_every is not None:
+            _check_positive(
+                "checkpoint_every", self.checkpoint_every, "rows, e.g. 10000", integer=True
+            )
+        if self.checkpoint_seconds is not None:
+            _check_positive("checkpoint_seconds", self.checkpoint_seconds, "seconds, e.g. 5")
         if not isinstance(self.pipeline, bool):
             raise ConfigurationError(f"`pipeline={self.pipeline!r}` must be True or False.")
         if self.time_budget <= self.lease_duration / 3:
@@ -93,6 +107,14 @@ class PollerConfig:
                 f"{self.lease_duration}`: a run must outlive at least one heartbeat. Raise "
                 "time_budget or lower lease_duration."
             )
+
+    @property
+    def coalesce_seconds(self) -> float | None:
+        """Seconds after which commits held back are written (``None``: no coalescing)."""
+        if self.checkpoint_every is None and self.checkpoint_seconds is None:
+            return None
+        half_lease = self.lease_duration / 2
+        return min(self.checkpoint_seconds or half_lease, half_lease)
 
     @property
     def key(self) -> PollerKey:

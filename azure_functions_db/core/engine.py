@@ -19,7 +19,7 @@ from azure_functions_db.core.batch import Batch, Change
 from azure_functions_db.core.checkpoint import Checkpoint
 from azure_functions_db.core.claim import Claim, Claimer
 from azure_functions_db.core.clock import Clock
-from azure_functions_db.core.commits import CommitPipe
+from azure_functions_db.core.commits import CommitPipe, check_coalescing
 from azure_functions_db.core.config import PollerConfig as PollerConfig  # noqa: PLC0414 - re-export
 from azure_functions_db.core.engine_health import HealthRuns
 from azure_functions_db.core.engine_poison import PoisonRuns, _QuarantineDue
@@ -85,6 +85,7 @@ class Engine(PoisonRuns, HealthRuns):
         sink: TransactionalSink | None = None,
     ) -> None:
         check_handler(handler, config.name, sink=sink is not None)
+        check_coalescing(config, sink=sink is not None)
         self.config = config
         self.source = source
         self.store = store
@@ -183,11 +184,15 @@ class Engine(PoisonRuns, HealthRuns):
         )
 
     def _loop(self, claim: Claim, started: float, report: RunReport) -> None:
+        cfg = self.config
         self._pipe = CommitPipe(
             claim,
-            pipelined=self.config.pipeline,
+            pipelined=cfg.pipeline,
             log=self._log,
             rejected=self.observer.commit_rejected,
+            every_rows=cfg.checkpoint_every,
+            every_seconds=cfg.coalesce_seconds,
+            monotonic=self.clock.monotonic,
         )
         failing = True
         try:
@@ -379,7 +384,7 @@ class Engine(PoisonRuns, HealthRuns):
             report.rows += len(batch)
             report.position = new.position
 
-        pipe.submit(batch, new, done)
+        pipe.add(batch, new, done)
 
     def _invoke(self, batch: Batch, claim: Claim) -> None:
         """Call the handler; with a sink, inside the sink transaction that also stores the

@@ -13,6 +13,7 @@ from typing import Any, Literal, TypeVar
 
 import azure.functions as func
 
+from azure_functions_db.core.commits import check_coalescing
 from azure_functions_db.core.engine import Handler, PollerConfig
 from azure_functions_db.core.handler import check_handler
 from azure_functions_db.core.logs import log_event
@@ -64,6 +65,8 @@ class PollerBlueprint(func.Blueprint):
         bisect: bool = True,
         stall_intervals: int = 5,
         pipeline: bool = True,
+        checkpoint_every: int | None = None,
+        checkpoint_seconds: float | None = None,
         run_on_startup: bool = False,
         use_monitor: bool | None = None,
         retry: FunctionsRetry | None = None,
@@ -104,6 +107,12 @@ class PollerBlueprint(func.Blueprint):
                 commit is in flight (at most one, strictly in order; a failed commit ends the
                 run and nothing after it is acknowledged). ``False`` commits each batch before
                 reading the next.
+            checkpoint_every: Coalesce checkpoint commits: one write per this many rows
+                (several batches) instead of one per batch; a crash then delivers up to this
+                many rows again. Not with ``sink``.
+            checkpoint_seconds: Coalesce checkpoint commits: one write at least every this
+                many seconds. With either, a run also commits at its end, before it counts a
+                failure, and at least every ``lease_duration / 2`` seconds.
             stall_intervals: Schedule intervals without a successful run after which the
                 poller counts as ``stalled`` (and runs in a row with a growing backlog after
                 which it is ``falling_behind``): logged once per change of state, shown by
@@ -149,6 +158,8 @@ class PollerBlueprint(func.Blueprint):
             bisect=bisect,
             stall_runs=stall_intervals,
             pipeline=pipeline,
+            checkpoint_every=checkpoint_every,
+            checkpoint_seconds=checkpoint_seconds,
             hold_warning=hold_warning,
         )
         validate_schedule(schedule, name)
@@ -177,6 +188,7 @@ class PollerBlueprint(func.Blueprint):
                 f"`sink={sink!r}` is not a transactional sink; pass e.g. "
                 '`afdb.SqlSink(url="%TARGET_DB_URL%")`, or leave it unset.'
             )
+        check_coalescing(config, sink=sink is not None)
 
         def decorate(handler: H) -> H:
             check_handler(handler, name, sink=sink is not None)

@@ -275,3 +275,79 @@ def test_a_run_that_spends_its_budget_waits_for_its_last_commit(
     assert report.status == "budget_spent"
     assert report.batches == 3
     assert stored(store).position.pk == (12,)
+
+
+# -- coalesced commits -------------------------------------------------------------------------
+
+
+def test_coalesced_commits_write_once_per_checkpoint_every_rows_and_at_the_end(
+    orders: Orders, store: GatedStore, clock: FakeClock
+) -> None:
+    orders.insert(range(1, 23))
+    store.gate.set()
+    seen: list[int] = []
+    report = make_engine(
+        orders, store, lambda b: seen.extend(c.pk for c in b), clock, checkpoint_every=8
+    ).run(SETTINGS)
+    assert seen == list(range(1, 23))
+    # Batches of 4: a commit after every 8 rows, and the last (short) ones at the end.
+    assert store.commits == [(8,), (16,), (22,)]
+    assert (report.batches, report.rows, report.status) == (6, 22, "caught_up")
+    cp = stored(store)
+    assert (cp.stats.batches, cp.stats.rows) == (6, 22)
+
+
+def test_a_crash_with_coalesced_batches_held_back_delivers_them_again(
+    orders: Orders, store: GatedStore, clock: FakeClock
+) -> None:
+    orders.insert(range(1, 17))
+    store.gate.set()
+    calls: list[list[int]] = []
+
+    def dies_on_the_fourth(batch: Batch) -> None:
+        calls.append([c.pk for c in batch])
+        if len(calls) == 4:
+            raise KeyboardInterrupt  # the process goes away
+
+    with pytest.raises(KeyboardInterrupt):
+        make_engine(orders, store, dies_on_the_fourth, clock, checkpoint_every=12).run(SETTINGS)
+    # Batches 1-3 (12 rows) were due: committed before the interrupted attempt was counted.
+    assert stored(store).position.pk == (12,)
+    again: list[int] = []
+    make_engine(orders, store, lambda b: again.extend(c.pk for c in b), clock).run(SETTINGS)
+    assert again == [13, 14, 15, 16]
+
+
+def test_coalescing_also_commits_every_checkpoint_seconds(
+    orders: Orders, store: GatedStore, clock: FakeClock
+) -> None:
+    orders.insert(range(1, 17))
+    store.gate.set()
+
+    def slow(batch: Batch) -> None:
+        clock.advance(4)
+
+    make_engine(orders, store, slow, clock, checkpoint_every=1000, checkpoint_seconds=7).run(
+        SETTINGS
+    )
+    # Held since batch 1 (t=4 after its handler): due at batch 3 (t=12 >= 4 + 7), then at the end.
+    assert store.commits == [(12,), (16,)]
+
+
+def test_coalescing_is_refused_with_a_transactional_sink(orders: Orders, clock: FakeClock) -> None:
+    from azure_functions_db.core.engine import Engine, PollerConfig
+    from azure_functions_db.errors import ConfigurationError
+    from azure_functions_db.sources.sqlalchemy import SqlSource
+
+    source = SqlSource(url=orders.url, table="orders", cursor="updated_at", pk="id")
+    cfg = PollerConfig(name="orders", checkpoint_every=5000)
+    with pytest.raises(ConfigurationError, match="checkpoint must follow every batch"):
+        Engine(
+            cfg,
+            source,
+            MemoryStateStore(clock),
+            lambda b, s: None,
+            clock,
+            owner="o",
+            sink=MemorySink(),
+        )
