@@ -40,6 +40,10 @@ class PollerConfig:
         checkpoint_seconds: Coalesce commits: one checkpoint write at least every this many
             seconds. With either option a run also commits at its end, before counting a
             failure, and at least every ``lease_duration / 2`` seconds.
+        poll_interval: Low-latency mode: a run that caught up waits this many seconds and reads
+            again, under the same lease, until its ``time_budget`` is spent, instead of ending
+            (rows arrive within about this long without a per-second timer). ``None``: a run
+            ends when it caught up.
         infra_retries: Bounded retries (with backoff and jitter) of transient database and
             storage errors within a run.
         retry_delay: Base delay of that backoff, in seconds.
@@ -71,6 +75,7 @@ class PollerConfig:
     pipeline: bool = True
     checkpoint_every: int | None = None
     checkpoint_seconds: float | None = None
+    poll_interval: float | None = None
 
     def __post_init__(self) -> None:
         _check_name("poller name", self.name)
@@ -97,6 +102,13 @@ class PollerConfig:
             _check_positive(
                 "checkpoint_every", self.checkpoint_every, "rows, e.g. 10000", integer=True
             )
+        if self.poll_interval is not None:
+            _check_positive("poll_interval", self.poll_interval, "seconds, e.g. 1")
+            if self.poll_interval >= self.time_budget:
+                raise ConfigurationError(
+                    f"`poll_interval={self.poll_interval}` must be shorter than `time_budget="
+                    f"{self.time_budget}`: a run polls again only while its budget lasts."
+                )
         if self.checkpoint_seconds is not None:
             _check_positive("checkpoint_seconds", self.checkpoint_seconds, "seconds, e.g. 5")
         if not isinstance(self.pipeline, bool):

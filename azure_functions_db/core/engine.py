@@ -225,9 +225,7 @@ class Engine(PoisonRuns, HealthRuns):
             changes, rows = self._retrying(self._fetch, pipe.checkpoint.position, horizon)
             final = fresh or horizon.bound is None
             if not changes:
-                if final:
-                    pipe.settle()
-                    self._caught_up(report, horizon, claim.checkpoint.position)
+                if final and self._at_the_end(claim, report, horizon, started):
                     return
                 horizon = None
                 continue
@@ -244,9 +242,7 @@ class Engine(PoisonRuns, HealthRuns):
             else:
                 self._delivered(batch, rows, claim, report, batch_start)
             if len(changes) < cfg.batch_size:
-                if final:
-                    pipe.settle()
-                    self._caught_up(report, horizon, claim.checkpoint.position)
+                if final and self._at_the_end(claim, report, horizon, started):
                     return
                 horizon = None
             else:

@@ -67,6 +67,7 @@ class PollerBlueprint(func.Blueprint):
         pipeline: bool = True,
         checkpoint_every: int | None = None,
         checkpoint_seconds: float | None = None,
+        poll_interval: float | None = None,
         run_on_startup: bool = False,
         use_monitor: bool | None = None,
         retry: FunctionsRetry | None = None,
@@ -113,6 +114,10 @@ class PollerBlueprint(func.Blueprint):
             checkpoint_seconds: Coalesce checkpoint commits: one write at least every this
                 many seconds. With either, a run also commits at its end, before it counts a
                 failure, and at least every ``lease_duration / 2`` seconds.
+            poll_interval: Low-latency mode: a run that caught up waits this many seconds and
+                reads again under the same lease until ``time_budget`` is spent, so rows reach
+                the handler within about this long without a per-second timer. Schedule runs a
+                little further apart than ``time_budget``.
             stall_intervals: Schedule intervals without a successful run after which the
                 poller counts as ``stalled`` (and runs in a row with a growing backlog after
                 which it is ``falling_behind``): logged once per change of state, shown by
@@ -160,6 +165,7 @@ class PollerBlueprint(func.Blueprint):
             pipeline=pipeline,
             checkpoint_every=checkpoint_every,
             checkpoint_seconds=checkpoint_seconds,
+            poll_interval=poll_interval,
             hold_warning=hold_warning,
         )
         validate_schedule(schedule, name)

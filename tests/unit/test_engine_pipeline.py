@@ -351,3 +351,65 @@ def test_coalescing_is_refused_with_a_transactional_sink(orders: Orders, clock: 
             owner="o",
             sink=MemorySink(),
         )
+
+
+# -- low-latency mode --------------------------------------------------------------------------
+
+
+def test_low_latency_mode_keeps_polling_under_one_lease_until_the_budget_is_spent(
+    orders: Orders, store: GatedStore, clock: FakeClock
+) -> None:
+    orders.insert(range(1, 5))
+    store.gate.set()
+    seen: list[list[int]] = []
+    waits: list[float] = []
+    real_sleep = clock.sleep
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) == 3:  # a writer commits new rows while the run waits
+            orders.insert(range(5, 8), base=orders_base(2))
+        real_sleep(seconds)
+
+    clock.sleep = sleep  # type: ignore[method-assign]
+    acquired = 0
+    real_acquire = store.acquire
+
+    def counting_acquire(*args: Any) -> Any:
+        nonlocal acquired
+        acquired += 1
+        return real_acquire(*args)
+
+    store.acquire = counting_acquire  # type: ignore[method-assign]
+    engine = make_engine(
+        orders,
+        store,
+        lambda b: seen.append([c.pk for c in b]),
+        clock,
+        poll_interval=2.0,
+        time_budget=12.0,
+    )
+    report = engine.run(SETTINGS)
+    assert seen == [[1, 2, 3, 4], [5, 6, 7]]  # the later rows came in the same run
+    assert acquired == 1  # one lease for the whole run
+    assert waits == [2.0] * 5  # polled every 2 s until the 12 s budget would be spent
+    assert report.status == "caught_up"
+    assert (report.batches, report.rows) == (2, 7)
+    assert stored(store).position.pk == (7,)
+    assert store.commits == [(4,), (7,)]  # no checkpoint write while idle
+
+
+def test_poll_interval_must_fit_in_the_budget() -> None:
+    from azure_functions_db.core.config import PollerConfig
+    from azure_functions_db.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="poll_interval"):
+        PollerConfig(name="orders", poll_interval=300, time_budget=240)
+
+
+def orders_base(hours: int) -> Any:
+    import datetime as dt
+
+    from tests.support.sqlite_orders import T0
+
+    return T0 + dt.timedelta(hours=hours)
