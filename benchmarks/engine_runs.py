@@ -48,8 +48,10 @@ def event_id_handler(batch: Batch) -> None:
         change.event_id  # noqa: B018  # computed lazily, on first access
 
 
-def poller_config(batch_size: int) -> PollerConfig:
-    return PollerConfig(name=POLLER, batch_size=batch_size, time_budget=3600, lease_duration=60)
+def poller_config(batch_size: int, *, pipeline: bool = True) -> PollerConfig:
+    return PollerConfig(
+        name=POLLER, batch_size=batch_size, time_budget=3600, lease_duration=60, pipeline=pipeline
+    )
 
 
 def make_engine(
@@ -58,10 +60,13 @@ def make_engine(
     batch_size: int,
     handler: Handler = noop_handler,
     horizon: str | None = None,
+    *,
+    pipeline: bool = True,
 ) -> tuple[Engine, SqlSource]:
     """A fresh source and engine, as a new Functions worker process would build them."""
     source = db.source(horizon)
-    engine = Engine(poller_config(batch_size), source, store, handler, SystemClock(), owner=OWNER)
+    config = poller_config(batch_size, pipeline=pipeline)
+    engine = Engine(config, source, store, handler, SystemClock(), owner=OWNER)
     return engine, source
 
 
@@ -81,9 +86,12 @@ def engine_drain(
     batch_size: int,
     handler: Handler = noop_handler,
     horizon: str | None = None,
+    *,
+    pipeline: bool = True,
 ) -> int:
-    """One ``Engine.run`` from an empty state store to the end of the table; the row count."""
-    engine, source = make_engine(db, store, batch_size, handler, horizon)
+    """One ``Engine.run`` from an empty state store to the end of the table; the row count
+    (``pipeline=False``: each commit before the next batch is read)."""
+    engine, source = make_engine(db, store, batch_size, handler, horizon, pipeline=pipeline)
     try:
         return drained(engine.run({}), db)
     finally:

@@ -147,12 +147,15 @@ def blob_stores(
         yield {"blob": maker(connection_string), "blob_latency": maker(proxied)}
 
 
-def blob_drain(db: pg.OrdersTable, make: Callable[[], StateStore], batch: int) -> int:
-    """One engine drain of ``db`` with a fresh Blob state store (a new container) from ``make``."""
-    return runs.engine_drain(db, make(), batch, horizon="auto")
+def blob_drain(
+    db: pg.OrdersTable, make: Callable[[], StateStore], batch: int, *, pipeline: bool = True
+) -> int:
+    """One engine drain of ``db`` with a fresh Blob state store (a new container) from ``make``
+    (``pipeline=False``: every commit waited for before the next batch, the old order)."""
+    return runs.engine_drain(db, make(), batch, horizon="auto", pipeline=pipeline)
 
 
-def run(ctx: Context) -> BenchmarkResult:  # noqa: PLR0915 - one linear report
+def run(ctx: Context) -> BenchmarkResult:  # noqa: PLR0912, PLR0915 - one linear report
     result = BenchmarkResult(name=BENCHMARK.name, title=BENCHMARK.title, tier=BENCHMARK.tier)
     rows = pg.table_rows(ctx)
     small_rows = max(rows // 10, 10)
@@ -180,6 +183,10 @@ def run(ctx: Context) -> BenchmarkResult:  # noqa: PLR0915 - one linear report
             work["raw_row"] = lambda: pg.raw_scan(db, batch, "row")
             for name, make in blob_makers.items():
                 work[name] = partial(blob_drain, db, make, batch)
+            if "blob_latency" in blob_makers:
+                work["blob_latency_serial"] = partial(
+                    blob_drain, db, blob_makers["blob_latency"], batch, pipeline=False
+                )
             measure(ctx, [(small, plain(small_db, "small")), (full, work)])
         ctx.progress("timing the horizon query")
         auto_ms, method = horizon_ms(db, "auto")
@@ -206,6 +213,7 @@ def run(ctx: Context) -> BenchmarkResult:  # noqa: PLR0915 - one linear report
         "auto": 'engine, local state, horizon="auto"',
         "blob": 'engine, BlobStateStore on Azurite, horizon="auto"',
         "blob_latency": f'engine, BlobStateStore on Azurite + {delay_ms:g} ms each way, "auto"',
+        "blob_latency_serial": "the same, pipeline=False (each commit before the next batch)",
     }
     for name, label in labels.items():
         if name in full:
@@ -219,6 +227,7 @@ def run(ctx: Context) -> BenchmarkResult:  # noqa: PLR0915 - one linear report
         "auto": 'engine, local, "auto"',
         "blob": 'engine, Blob on Azurite, "auto"',
         "blob_latency": f'engine, Blob on Azurite + {delay_ms:g} ms each way, "auto"',
+        "blob_latency_serial": f"engine, Blob + {delay_ms:g} ms each way, pipeline=False",
     }
     for name, label in cpu_labels.items():
         if name in full:
@@ -246,6 +255,21 @@ def run(ctx: Context) -> BenchmarkResult:  # noqa: PLR0915 - one linear report
             "blob_latency_rps",
             "raw_rps",
             "SPEC §9: >= 0.70 with Azure state",
+        )
+    if "blob_latency_serial" in full:
+        result.ratio(
+            "blob_latency_serial_vs_raw",
+            f"engine (Blob state, {delay_ms:g} ms each way, pipeline=False) / raw psycopg",
+            "blob_latency_serial_rps",
+            "raw_rps",
+            "the commit waited for before each next batch",
+        )
+        result.ratio(
+            "pipeline_gain",
+            "engine Blob + latency, pipelined / not pipelined",
+            "blob_latency_rps",
+            "blob_latency_serial_rps",
+            "what taking the commit off the critical path buys",
         )
     result.ratio(
         "auto_vs_raw_row",

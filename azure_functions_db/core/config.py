@@ -31,6 +31,19 @@ class PollerConfig:
             ``falling_behind``, is ``stall_runs``); ``None``: not judged.
         stall_runs: Consecutive runs with a growing backlog that make a poller
             ``falling_behind``.
+        pipeline: Fetch and handle the next batch while the previous batch's checkpoint commit
+            is in flight (at most one, in order; see :mod:`azure_functions_db.core.commits`).
+            ``False`` commits each batch before reading the next.
+        checkpoint_every: Coalesce commits: one checkpoint write per this many rows (several
+            batches), instead of one per batch; ``None``: every batch. A crash then delivers up
+            to this many rows again. Not with a transactional sink.
+        checkpoint_seconds: Coalesce commits: one checkpoint write at least every this many
+            seconds. With either option a run also commits at its end, before counting a
+            failure, and at least every ``lease_duration / 2`` seconds.
+        poll_interval: Low-latency mode: a run that caught up waits this many seconds and reads
+            again, under the same lease, until its ``time_budget`` is spent, instead of ending
+            (rows arrive within about this long without a per-second timer). ``None``: a run
+            ends when it caught up.
         infra_retries: Bounded retries (with backoff and jitter) of transient database and
             storage errors within a run.
         retry_delay: Base delay of that backoff, in seconds.
@@ -59,6 +72,10 @@ class PollerConfig:
     hold_warning: float = 300.0
     stall_after: float | None = None
     stall_runs: int = 5
+    pipeline: bool = True
+    checkpoint_every: int | None = None
+    checkpoint_seconds: float | None = None
+    poll_interval: float | None = None
 
     def __post_init__(self) -> None:
         _check_name("poller name", self.name)
@@ -81,12 +98,35 @@ class PollerConfig:
         if self.stall_after is not None:
             _check_positive("stall_after", self.stall_after, "seconds, e.g. `stall_after=300`")
         _check_positive("stall_runs", self.stall_runs, "runs, e.g. `stall_runs=5`", integer=True)
+        if self.checkpoint_every is not None:
+            _check_positive(
+                "checkpoint_every", self.checkpoint_every, "rows, e.g. 10000", integer=True
+            )
+        if self.poll_interval is not None:
+            _check_positive("poll_interval", self.poll_interval, "seconds, e.g. 1")
+            if self.poll_interval >= self.time_budget:
+                raise ConfigurationError(
+                    f"`poll_interval={self.poll_interval}` must be shorter than `time_budget="
+                    f"{self.time_budget}`: a run polls again only while its budget lasts."
+                )
+        if self.checkpoint_seconds is not None:
+            _check_positive("checkpoint_seconds", self.checkpoint_seconds, "seconds, e.g. 5")
+        if not isinstance(self.pipeline, bool):
+            raise ConfigurationError(f"`pipeline={self.pipeline!r}` must be True or False.")
         if self.time_budget <= self.lease_duration / 3:
             raise ConfigurationError(
                 f"`time_budget={self.time_budget}` is too short for `lease_duration="
                 f"{self.lease_duration}`: a run must outlive at least one heartbeat. Raise "
                 "time_budget or lower lease_duration."
             )
+
+    @property
+    def coalesce_seconds(self) -> float | None:
+        """Seconds after which commits held back are written (``None``: no coalescing)."""
+        if self.checkpoint_every is None and self.checkpoint_seconds is None:
+            return None
+        half_lease = self.lease_duration / 2
+        return min(self.checkpoint_seconds or half_lease, half_lease)
 
     @property
     def key(self) -> PollerKey:

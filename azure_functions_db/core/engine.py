@@ -16,9 +16,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from azure_functions_db.core.batch import Batch, Change
-from azure_functions_db.core.checkpoint import Checkpoint, SourceDescription
+from azure_functions_db.core.checkpoint import Checkpoint
 from azure_functions_db.core.claim import Claim, Claimer
 from azure_functions_db.core.clock import Clock
+from azure_functions_db.core.commits import CommitPipe, check_coalescing
 from azure_functions_db.core.config import PollerConfig as PollerConfig  # noqa: PLC0414 - re-export
 from azure_functions_db.core.engine_health import HealthRuns
 from azure_functions_db.core.engine_poison import PoisonRuns, _QuarantineDue
@@ -41,21 +42,14 @@ from azure_functions_db.core.ports import (
 from azure_functions_db.core.position import Position
 from azure_functions_db.core.retry import Retrying
 from azure_functions_db.core.sink_catch_up import catch_up_with_sink
-from azure_functions_db.core.source_change import (
-    COLUMNS_CHANGED_NOTE,
-    FILTER_CHANGED_NOTE,
-    source_change,
-)
+from azure_functions_db.core.source_change import check_source_change
 from azure_functions_db.errors import (
-    CheckpointConflictError,
     HandlerError,
     PoisonBatchError,
     PositionNotForwardError,
     PositionRegressionError,
     SinkFencedError,
-    SourceDefinitionError,
     TransientSinkError,
-    TransientStoreError,
 )
 
 logger = logging.getLogger(__name__)
@@ -91,6 +85,7 @@ class Engine(PoisonRuns, HealthRuns):
         sink: TransactionalSink | None = None,
     ) -> None:
         check_handler(handler, config.name, sink=sink is not None)
+        check_coalescing(config, sink=sink is not None)
         self.config = config
         self.source = source
         self.store = store
@@ -116,6 +111,7 @@ class Engine(PoisonRuns, HealthRuns):
             source if isinstance(source, ChangeSource) and self._acknowledger is None else None
         )
         self._backlog = source if isinstance(source, BacklogSource) else None
+        self._pipe: CommitPipe | None = None  # the commits of the run in progress
         self._zone = source.cursor_timezone if isinstance(source, ZonedSource) else dt.UTC
 
     # -- the run ------------------------------------------------------------------------------
@@ -165,7 +161,9 @@ class Engine(PoisonRuns, HealthRuns):
 
         desc = self.source.description
         with claimer.hold(
-            desc, check_source=lambda old: self._check_source(old, desc), on_acquired=acquired
+            desc,
+            check_source=lambda old: check_source_change(old, desc, cfg.key, self._log),
+            on_acquired=acquired,
         ) as claim:
             if claim is None:
                 info = self.store.inspect(cfg.key)
@@ -187,7 +185,27 @@ class Engine(PoisonRuns, HealthRuns):
 
     def _loop(self, claim: Claim, started: float, report: RunReport) -> None:
         cfg = self.config
-        keeper = claim.keeper
+        self._pipe = CommitPipe(
+            claim,
+            pipelined=cfg.pipeline,
+            log=self._log,
+            rejected=self.observer.commit_rejected,
+            every_rows=cfg.checkpoint_every,
+            every_seconds=cfg.coalesce_seconds,
+            monotonic=self.clock.monotonic,
+        )
+        failing = True
+        try:
+            self._batches(claim, started, report)
+            failing = False
+        finally:
+            self._pipe.close(failing=failing)
+            self._pipe = None
+
+    def _batches(self, claim: Claim, started: float, report: RunReport) -> None:
+        cfg = self.config
+        keeper, pipe = claim.keeper, self._pipe
+        assert pipe is not None
         report.position, report.looped = claim.checkpoint.position, True
         # The horizon is kept while batches come back full (one query per catch-up, not per
         # batch). A bound taken earlier is lower than a fresh one, so still safe, and it is fixed
@@ -197,20 +215,25 @@ class Engine(PoisonRuns, HealthRuns):
         fresh = False
         while True:
             if (batch_start := self.clock.monotonic()) - started >= cfg.time_budget:
+                pipe.settle()
                 report.status = "budget_spent"
                 return
             keeper.ensure_held()
             if horizon is None:
                 horizon, fresh = self._retrying(self.source.horizon), True
-            changes, rows = self._retrying(self._fetch, claim.checkpoint.position, horizon)
+            # Read after the position the commit in flight (if any) moves the record to.
+            changes, rows = self._retrying(self._fetch, pipe.checkpoint.position, horizon)
             final = fresh or horizon.bound is None
             if not changes:
-                if final:
-                    self._caught_up(report, horizon, claim.checkpoint.position)
+                if final and self._at_the_end(claim, report, horizon, started):
                     return
                 horizon = None
                 continue
-            batch = self._batch(claim.checkpoint, claim.fence, changes)
+            batch = self._batch(pipe.checkpoint, claim.fence, changes)
+            if self.sink is not None:
+                # A sink may hold one batch the checkpoint does not (the catch-up's rule), never
+                # two: the commit in flight lands before this batch's sink transaction starts.
+                pipe.settle()
             keeper.ensure_held()
             try:
                 self._call_handler(batch, claim)
@@ -218,10 +241,8 @@ class Engine(PoisonRuns, HealthRuns):
                 self._set_aside(batch, rows, claim, due, report)
             else:
                 self._delivered(batch, rows, claim, report, batch_start)
-            report.position = claim.checkpoint.position
             if len(changes) < cfg.batch_size:
-                if final:
-                    self._caught_up(report, horizon, claim.checkpoint.position)
+                if final and self._at_the_end(claim, report, horizon, started):
                     return
                 horizon = None
             else:
@@ -251,32 +272,6 @@ class Engine(PoisonRuns, HealthRuns):
         )
 
     # -- lease, fence, load ------------------------------------------------------------------
-
-    def _check_source(self, old: SourceDescription | None, new: SourceDescription) -> None:
-        """Case L: a changed cursor, key or table cannot continue; a changed filter or column
-        list can, with a warning (the fencing write then records the new definition)."""
-        change = source_change(old, new)
-        if change is None:
-            return
-        cfg = self.config
-        if change.key_changed:
-            raise SourceDefinitionError(change.key_changed_message(cfg.key.poller, cfg.namespace))
-        if change.where_changed:
-            self._log(
-                logging.WARNING,
-                "source_filter_changed",
-                old_where=change.old.where,
-                new_where=change.new.where,
-                note=FILTER_CHANGED_NOTE,
-            )
-        if change.columns_changed:
-            self._log(
-                logging.WARNING,
-                "source_columns_changed",
-                added=",".join(change.columns_added) or "-",
-                removed=",".join(change.columns_removed) or "-",
-                note=COLUMNS_CHANGED_NOTE,
-            )
 
     def _health_check(self, report: RunReport) -> None:
         now = self.clock.monotonic()
@@ -313,6 +308,14 @@ class Engine(PoisonRuns, HealthRuns):
         except BaseException as exc:
             # Any way out of the handler but a normal return is a failed attempt, counted and
             # logged: CancelledError too, and a Ctrl-C or sys.exit() before it ends the process.
+            # The attempt is counted on the record the previous batch's commit leaves (whose
+            # own failure, if any, ends the run instead; a Ctrl-C stays a Ctrl-C).
+            try:
+                self._settle()
+            except BaseException:
+                if isinstance(exc, KeyboardInterrupt | SystemExit):
+                    raise exc from None
+                raise
             cp = claim.checkpoint
             failed = cp.failed(fence=batch.fence, error=f"{type(exc).__name__}: {exc}")
             # Count the failed attempt on the checkpoint (best effort: the batch stays unacked).
@@ -358,12 +361,26 @@ class Engine(PoisonRuns, HealthRuns):
         report: RunReport,
         began: float,
     ) -> None:
-        """The handler took ``batch``: commit it, then tell the observer and the source."""
-        self._commit(batch, claim)
-        self.observer.batch_committed(batch, self.clock.monotonic() - began)
-        self._acknowledge(rows, batch)
-        report.batches += 1
-        report.rows += len(batch)
+        """The handler took ``batch``: commit it (in flight while the next batch is read and
+        handled); once it landed, tell the observer and the source, and count it."""
+        pipe = self._pipe
+        assert pipe is not None, "a batch is delivered only inside a run's loop"
+        new = self._advanced(
+            pipe.checkpoint,
+            claim.fence,
+            batch.position_after,
+            len(batch),
+            read_after=batch.position_before,
+        )
+
+        def done() -> None:
+            self.observer.batch_committed(batch, self.clock.monotonic() - began)
+            self._acknowledge(rows, batch)
+            report.batches += 1
+            report.rows += len(batch)
+            report.position = new.position
+
+        pipe.add(batch, new, done)
 
     def _invoke(self, batch: Batch, claim: Claim) -> None:
         """Call the handler; with a sink, inside the sink transaction that also stores the
@@ -371,6 +388,7 @@ class Engine(PoisonRuns, HealthRuns):
         if self.sink is None:
             self._call(batch)
             return
+        assert self._pipe is None or not self._pipe.busy, "a sink batch follows a landed commit"
         sequence = claim.checkpoint.stats.batches + 1
         with self.sink.transaction(self.config.key, batch, sequence) as writer:
             if writer is None:
@@ -384,6 +402,11 @@ class Engine(PoisonRuns, HealthRuns):
                 )
                 return
             self._call(batch, writer)
+
+    def _settle(self) -> None:
+        """Wait for the commit in flight (if any) and report it, or raise its error."""
+        if self._pipe is not None:
+            self._pipe.settle()
 
     def _call(self, batch: Batch, *sink: Any) -> None:
         result = self.handler(batch, *sink)
@@ -401,44 +424,27 @@ class Engine(PoisonRuns, HealthRuns):
             self.config.key,
             retrying=self._retrying,
             advanced=lambda position, rows, before: self._advanced(
-                claim, position, rows, read_after=before
+                claim.checkpoint, claim.fence, position, rows, read_after=before
             ),
             log=self._log,
         )
 
-    def _commit(self, batch: Batch, claim: Claim) -> None:
-        claim.keeper.ensure_held()
-        new = self._advanced(
-            claim, batch.position_after, len(batch), read_after=batch.position_before
-        )
-        try:
-            claim.write(new)
-        except CheckpointConflictError:
-            self._log(logging.WARNING, "commit_rejected", fence=batch.fence, rows=len(batch))
-            self.observer.commit_rejected(batch)
-            raise
-        except TransientStoreError:
-            self._log(logging.WARNING, "commit_ambiguous_lost", fence=batch.fence)
-            raise
-        self._log(
-            logging.INFO,
-            "batch_committed",
-            fence=batch.fence,
-            rows=len(batch),
-            attempt=batch.attempt,
-            position=new.position,
-        )
-
     def _advanced(
-        self, claim: Claim, position: Position, rows: int, *, read_after: Position | None
+        self,
+        base: Checkpoint,
+        fence: int,
+        position: Position,
+        rows: int,
+        *,
+        read_after: Position | None,
     ) -> Checkpoint:
-        """The claim's record moved to ``position`` by a batch of ``rows`` read after
-        ``read_after`` (the only-forward and fence rules of :meth:`Checkpoint.advanced`)."""
+        """``base`` moved to ``position`` by a batch of ``rows`` read after ``read_after``
+        under ``fence`` (the only-forward and fence rules of :meth:`Checkpoint.advanced`)."""
         cfg = self.config
         try:
-            return claim.checkpoint.advanced(
+            return base.advanced(
                 position,
-                fence=claim.fence,
+                fence=fence,
                 at=self.clock.now(),
                 rows=rows,
                 source=self.source.description,

@@ -8,6 +8,7 @@ import datetime as dt
 import logging
 from typing import TYPE_CHECKING, Any
 
+from azure_functions_db.core.claim import Claim
 from azure_functions_db.core.clock import Clock
 from azure_functions_db.core.config import PollerConfig
 from azure_functions_db.core.engine_poison import describe_error
@@ -37,6 +38,8 @@ class HealthRuns:
 
         def _log(self, level: int, action: str, **fields: object) -> None: ...
 
+        def _settle(self) -> None: ...
+
     def _caught_up(self, report: RunReport, horizon: Horizon, position: Position | None) -> None:
         """Everything below the horizon is read: ``caught_up``, or ``held_by_horizon`` when
         an open transaction holds the bound and rows above it are waiting (a stall that is
@@ -57,6 +60,29 @@ class HealthRuns:
             method=horizon.method,
             note="rows_wait_for_this_open_transaction",
         )
+
+    def _at_the_end(
+        self, claim: Claim, report: RunReport, horizon: Horizon, started: float
+    ) -> bool:
+        """Everything below the horizon is read: settle the commits and end the run (``True``:
+        caught up, or held by the horizon), or in low-latency mode wait and read again."""
+        self._settle()
+        if self._poll_again(started):
+            return False
+        self._caught_up(report, horizon, claim.checkpoint.position)
+        return True
+
+    def _poll_again(self, started: float) -> bool:
+        """Low-latency mode (``poll_interval``): caught up with budget left, wait and read
+        again under the same lease (no storage request but the heartbeat's), instead of ending
+        the run."""
+        interval = self.config.poll_interval
+        if interval is None:
+            return False
+        if self.clock.monotonic() + interval - started >= self.config.time_budget:
+            return False
+        self.clock.sleep(interval)
+        return True
 
     def _record_health(self, report: RunReport, error: BaseException | None) -> None:
         """Measure the backlog the run left and update the poller's health record; log a change

@@ -88,6 +88,8 @@ class PoisonRuns:
 
         def _catch_up_with_sink(self, claim: Claim) -> None: ...
 
+        def _settle(self) -> None: ...
+
     def _set_aside(
         self,
         batch: Batch,
@@ -98,6 +100,7 @@ class PoisonRuns:
     ) -> None:
         """A poison batch under ``poison="quarantine"``: isolate its failing rows (``bisect``)
         or park it whole, so the poller goes on."""
+        self._settle()
         if self.config.bisect and len(batch) > 1:
             self._log(
                 logging.WARNING,
@@ -134,6 +137,7 @@ class PoisonRuns:
             error = self._try_handler(sub, claim)
             if error is None:
                 self._delivered(sub, part_rows, claim, report, began)
+                self._settle()  # the next part is read after this one's position
             elif len(part) > 1 and left[0] > 0:
                 self._isolate(part, part_rows, claim, report, due=due, left=left)
             else:

@@ -8,9 +8,12 @@ The engine applies these rules before every run; ``afdb validate`` reports them 
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from azure_functions_db.core.checkpoint import SourceDescription
+from azure_functions_db.core.checkpoint import PollerKey, SourceDescription
+from azure_functions_db.errors import SourceDefinitionError
 
 #: What continuing after a changed ``where`` means (logged by the engine, shown by validate).
 FILTER_CHANGED_NOTE = (
@@ -80,3 +83,35 @@ def source_change(old: SourceDescription | None, new: SourceDescription) -> Sour
     if old is None or old == new:
         return None
     return SourceChange(old, new)
+
+
+def check_source_change(
+    old: SourceDescription | None,
+    new: SourceDescription,
+    key: PollerKey,
+    log: Callable[..., None],
+) -> None:
+    """Case L before a run: a changed cursor, key or table cannot continue
+    (:class:`SourceDefinitionError`); a changed filter or column list can, logged as a warning
+    (the fencing write then records the new definition)."""
+    change = source_change(old, new)
+    if change is None:
+        return
+    if change.key_changed:
+        raise SourceDefinitionError(change.key_changed_message(key.poller, key.namespace))
+    if change.where_changed:
+        log(
+            logging.WARNING,
+            "source_filter_changed",
+            old_where=change.old.where,
+            new_where=change.new.where,
+            note=FILTER_CHANGED_NOTE,
+        )
+    if change.columns_changed:
+        log(
+            logging.WARNING,
+            "source_columns_changed",
+            added=",".join(change.columns_added) or "-",
+            removed=",".join(change.columns_removed) or "-",
+            note=COLUMNS_CHANGED_NOTE,
+        )

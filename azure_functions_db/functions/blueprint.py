@@ -13,6 +13,7 @@ from typing import Any, Literal, TypeVar
 
 import azure.functions as func
 
+from azure_functions_db.core.commits import check_coalescing
 from azure_functions_db.core.engine import Handler, PollerConfig
 from azure_functions_db.core.handler import check_handler
 from azure_functions_db.core.logs import log_event
@@ -63,6 +64,10 @@ class PollerBlueprint(func.Blueprint):
         poison: Literal["halt", "quarantine"] = "halt",
         bisect: bool = True,
         stall_intervals: int = 5,
+        pipeline: bool = True,
+        checkpoint_every: int | None = None,
+        checkpoint_seconds: float | None = None,
+        poll_interval: float | None = None,
         run_on_startup: bool = False,
         use_monitor: bool | None = None,
         retry: FunctionsRetry | None = None,
@@ -99,6 +104,20 @@ class PollerBlueprint(func.Blueprint):
             bisect: With ``"quarantine"``: split a poison batch until its failing rows are
                 alone, so the good rows still reach the handler and only the bad ones are
                 parked. ``False`` parks the whole batch.
+            pipeline: Read and handle the next batch while the previous batch's checkpoint
+                commit is in flight (at most one, strictly in order; a failed commit ends the
+                run and nothing after it is acknowledged). ``False`` commits each batch before
+                reading the next.
+            checkpoint_every: Coalesce checkpoint commits: one write per this many rows
+                (several batches) instead of one per batch; a crash then delivers up to this
+                many rows again. Not with ``sink``.
+            checkpoint_seconds: Coalesce checkpoint commits: one write at least every this
+                many seconds. With either, a run also commits at its end, before it counts a
+                failure, and at least every ``lease_duration / 2`` seconds.
+            poll_interval: Low-latency mode: a run that caught up waits this many seconds and
+                reads again under the same lease until ``time_budget`` is spent, so rows reach
+                the handler within about this long without a per-second timer. Schedule runs a
+                little further apart than ``time_budget``.
             stall_intervals: Schedule intervals without a successful run after which the
                 poller counts as ``stalled`` (and runs in a row with a growing backlog after
                 which it is ``falling_behind``): logged once per change of state, shown by
@@ -143,6 +162,10 @@ class PollerBlueprint(func.Blueprint):
             poison=poison,
             bisect=bisect,
             stall_runs=stall_intervals,
+            pipeline=pipeline,
+            checkpoint_every=checkpoint_every,
+            checkpoint_seconds=checkpoint_seconds,
+            poll_interval=poll_interval,
             hold_warning=hold_warning,
         )
         validate_schedule(schedule, name)
@@ -171,6 +194,7 @@ class PollerBlueprint(func.Blueprint):
                 f"`sink={sink!r}` is not a transactional sink; pass e.g. "
                 '`afdb.SqlSink(url="%TARGET_DB_URL%")`, or leave it unset.'
             )
+        check_coalescing(config, sink=sink is not None)
 
         def decorate(handler: H) -> H:
             check_handler(handler, name, sink=sink is not None)

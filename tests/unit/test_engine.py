@@ -389,13 +389,16 @@ class FlakyStore:
 def first_commit_fails_then_rerun(
     orders: Orders, store: StateStore, clock: FakeClock, error: Exception
 ) -> Recorder:
-    """Run with the first commit failing (not landing) with ``error``, then run again."""
+    """Run with the first commit failing (not landing) with ``error``, then run again.
+
+    Commits are not pipelined here, so the run ends right at the failed commit; with a commit
+    in flight the next batch is handled first (``tests/unit/test_engine_pipeline.py``)."""
     orders.insert(range(1, 9))
     handler = Recorder()
     # A fresh poller's fencing write is a create, so replace #1 is the first commit.
     flaky = FlakyStore(store, 1, land=False, error=error)
     with pytest.raises(type(error)):
-        make_engine(orders, flaky, handler, clock).run(SETTINGS)  # type: ignore[arg-type]
+        make_engine(orders, flaky, handler, clock, pipeline=False).run(SETTINGS)  # type: ignore[arg-type]
     assert stored(store).position is None
     make_engine(orders, store, handler, clock).run(SETTINGS)
     return handler
@@ -461,11 +464,14 @@ def test_case_g_after_an_unanswered_commit_the_lease_is_confirmed_before_the_nex
     orders, store, clock
 ):
     """A store that lost its answer may have lost more: before another handler call, the
-    engine renews the lease, and a lease the store forgot ends the run (no second call)."""
+    engine renews the lease, and a lease the store forgot ends the run (no second call).
+    Unpipelined: with a commit in flight the next call may start before the answer is lost
+    (``tests/unit/test_engine_pipeline.py``); the lease check still ends the run."""
     orders.insert(range(1, 9))
     handler = Recorder()
+    forgetful = ForgetfulStore(store)
     with pytest.raises(LeaseLostError):
-        make_engine(orders, ForgetfulStore(store), handler, clock).run(SETTINGS)  # type: ignore[arg-type]
+        make_engine(orders, forgetful, handler, clock, pipeline=False).run(SETTINGS)  # type: ignore[arg-type]
     assert handler.ids == [1, 2, 3, 4]
     assert stored(store).position is not None
 
@@ -498,7 +504,9 @@ def test_case_c_stale_owner_commit_is_rejected_by_the_fence(orders, store, clock
         clock.advance(31)  # the store's clock: A's lease expires
         make_engine(orders, store, b_handler, clock, owner="B").run(SETTINGS)
 
-    engine_a = make_engine(orders, store, a_handler, a_clock, owner="A")
+    # Unpipelined: A's run ends at its rejected commit (tests/unit/test_engine_pipeline.py has
+    # the same case with the commit in flight while A handles its next batch).
+    engine_a = make_engine(orders, store, a_handler, a_clock, owner="A", pipeline=False)
     with pytest.raises(CheckpointConflictError) as info:
         engine_a.run(SETTINGS)
     assert "orders" in str(info.value)

@@ -1,0 +1,203 @@
+"""Checkpoint commits off the critical path: the next batch is fetched and handed to the handler
+while the previous batch's compare-and-set commit is in flight.
+
+At most one commit is outstanding and commits land strictly in order (each is written over the
+etag the previous one returned). With coalescing (``checkpoint_every``) several batches share
+one commit: their record is held back until enough rows or seconds went by, and written at the
+latest before anything else happens to the checkpoint (see :meth:`CommitPipe.settle`).
+
+Nothing about a batch is reported, acknowledged to the source or counted until its commit
+returned: :meth:`CommitPipe.settle` waits for it on the run's own
+thread and raises its error there, which ends the run and leaves every later batch
+unacknowledged (the next run delivers them again). A run never ends with a commit in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from azure_functions_db.core.batch import Batch
+from azure_functions_db.core.checkpoint import Checkpoint
+from azure_functions_db.core.claim import Claim
+from azure_functions_db.core.config import PollerConfig
+from azure_functions_db.errors import (
+    CheckpointConflictError,
+    ConfigurationError,
+    TransientStoreError,
+)
+
+#: Logs one structured event: ``log(level, action, **fields)``.
+LogEvent = Callable[..., None]
+
+
+@dataclass
+class _Pending:
+    batch: Batch  # the last batch the commit acknowledges
+    new: Checkpoint
+    done: Callable[[], None]
+    future: Future[None] | None  # None: written already (not pipelined)
+    rows: int = 0  # rows the commit acknowledges (0: the batch's)
+
+
+class CommitPipe:
+    """The commits of one run under one claim, at most one in flight.
+
+    Args:
+        claim: The held poller whose checkpoint the commits write.
+        pipelined: ``False`` writes each commit at once, on the run's thread (the order of a
+            run without the pipe).
+        log: The run's structured log.
+        rejected: Called on the run's thread with a batch whose commit lost compare-and-set.
+    """
+
+    def __init__(
+        self,
+        claim: Claim,
+        *,
+        pipelined: bool,
+        log: LogEvent,
+        rejected: Callable[[Batch], None],
+        every_rows: int | None = None,
+        every_seconds: float | None = None,
+        monotonic: Callable[[], float] | None = None,
+    ) -> None:
+        self._claim = claim
+        self._pipelined = pipelined
+        self._log = log
+        self._rejected = rejected
+        self._pending: _Pending | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._every_rows = every_rows
+        self._every_seconds = every_seconds
+        self._monotonic = monotonic
+        self._held: list[_Pending] = []  # coalesced batches, not yet submitted
+        self._held_rows = 0
+        self._held_since = 0.0
+
+    @property
+    def checkpoint(self) -> Checkpoint:
+        """The record as it is once every batch handed to the pipe is committed: what the next
+        batch is read after and numbered from."""
+        if self._held:
+            return self._held[-1].new
+        return self._pending.new if self._pending is not None else self._claim.checkpoint
+
+    @property
+    def busy(self) -> bool:
+        """Whether a commit is held back, in flight, or written and not yet reported."""
+        return self._pending is not None or bool(self._held)
+
+    def add(self, batch: Batch, new: Checkpoint, done: Callable[[], None]) -> None:
+        """Commit ``new`` (the record after ``batch``): now, or with later batches when
+        coalescing and neither ``every_rows`` rows nor ``every_seconds`` went by since the
+        first batch held back."""
+        if self._every_rows is None and self._every_seconds is None:
+            self.submit(batch, new, done)
+            return
+        now = self._monotonic() if self._monotonic is not None else 0.0
+        if not self._held:
+            self._held_since = now
+        self._held.append(_Pending(batch, new, done, None))
+        self._held_rows += len(batch)
+        rows_due = self._every_rows is not None and self._held_rows >= self._every_rows
+        time_due = self._every_seconds is not None and now - self._held_since >= self._every_seconds
+        if rows_due or time_due:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Submit the batches held back as one commit (their last record)."""
+        if not self._held:
+            return
+        held, self._held, rows = self._held, [], self._held_rows
+        self._held_rows = 0
+        last = held[-1]
+
+        def done() -> None:
+            for each in held:
+                each.done()
+
+        self.submit(last.batch, last.new, done, rows=rows)
+
+    def submit(
+        self, batch: Batch, new: Checkpoint, done: Callable[[], None], *, rows: int = 0
+    ) -> None:
+        """Commit ``new`` (the record after ``batch``), after the commit before it landed;
+        ``done()`` runs on this thread once it did (report, acknowledge, count)."""
+        self._wait()
+        self._claim.keeper.ensure_held()
+        if not self._pipelined:
+            self._pending = _Pending(batch, new, done, None, rows)
+            try:
+                self._claim.write(new)
+            except BaseException:
+                self._pending = None
+                raise
+            self._wait()
+            return
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="afdb-commit")
+        future = self._executor.submit(self._claim.write, new)
+        self._pending = _Pending(batch, new, done, future, rows)
+
+    def settle(self) -> None:
+        """Commit the batches held back, wait for the commit in flight; report them, or raise
+        the commit's error (``commit_rejected`` for a lost compare-and-set,
+        ``commit_ambiguous_lost`` for an unknown outcome)."""
+        self._flush()
+        self._wait()
+
+    def _wait(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        batch = pending.batch
+        try:
+            if pending.future is not None:
+                pending.future.result()
+        except CheckpointConflictError:
+            rows = pending.rows or len(batch)
+            self._log(logging.WARNING, "commit_rejected", fence=batch.fence, rows=rows)
+            self._rejected(batch)
+            raise
+        except TransientStoreError:
+            self._log(logging.WARNING, "commit_ambiguous_lost", fence=batch.fence)
+            raise
+        self._log(
+            logging.INFO,
+            "batch_committed",
+            fence=batch.fence,
+            rows=pending.rows or len(batch),
+            attempt=batch.attempt,
+            position=pending.new.position,
+        )
+        pending.done()
+
+    def close(self, *, failing: bool) -> None:
+        """End of the run: settle the commit in flight. When the run is failing already its
+        error is the one to report: the commit's own error is logged, not raised."""
+        try:
+            if failing:
+                try:
+                    self.settle()
+                except Exception as exc:  # noqa: BLE001 - the run's own error wins
+                    self._log(logging.DEBUG, "commit_after_failure", error=repr(exc))
+            else:
+                self.settle()
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
+
+
+def check_coalescing(config: PollerConfig, *, sink: bool) -> None:
+    """Refuse coalesced commits with a transactional sink, which commits each batch with its
+    position: the checkpoint must follow every batch (the catch-up rule: one batch behind)."""
+    if sink and (config.checkpoint_every is not None or config.checkpoint_seconds is not None):
+        raise ConfigurationError(
+            f"Poller `{config.name}` has a transactional sink and coalesced commits "
+            "(`checkpoint_every`/`checkpoint_seconds`): the sink commits each batch with its "
+            "position, so the checkpoint must follow every batch. Remove the coalescing."
+        )

@@ -1,0 +1,415 @@
+"""Commits off the critical path (``core/commits.py``): the next batch is read and handled while
+the previous batch's checkpoint commit is in flight, at most one, in order; a failed or fenced
+commit ends the run and acknowledges nothing after it. The store here holds each commit at a
+gate the test opens, so every interleaving below is forced, not hoped for."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from azure_functions_db.core.batch import Batch
+from azure_functions_db.core.checkpoint import Checkpoint
+from azure_functions_db.core.observe import NullObserver
+from azure_functions_db.errors import (
+    CheckpointConflictError,
+    HandlerError,
+    LeaseLostError,
+    StateStoreError,
+    TransientStoreError,
+)
+from azure_functions_db.sinks.memory import MemorySink
+from azure_functions_db.state.memory import MemoryStateStore
+from azure_functions_db.testing.clock import FakeClock
+from tests.support.sqlite_orders import Orders
+from tests.unit.test_engine import SETTINGS, make_engine, orders, stored
+
+__all__ = ["orders"]  # fixture
+WAIT = 10.0
+
+
+class GatedStore(MemoryStateStore):
+    """A memory store whose first batch commit (a replace that moves the position) waits at a
+    gate until the test opens it; later commits pass.
+
+    ``entered`` is set while that commit waits; ``fail`` makes the first commit raise instead of
+    writing (``land``: after writing).
+    """
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock)
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.fail: BaseException | None = None
+        self.land = False
+        self.commits: list[Any] = []
+        self.threads: set[str] = set()
+
+    def replace(self, checkpoint: Checkpoint, etag: str) -> str:
+        current = self.read(checkpoint.key)
+        moving = current is not None and checkpoint.position != current.checkpoint.position
+        if moving:
+            self.threads.add(threading.current_thread().name)
+            if not self.gate.is_set():
+                self.entered.set()
+                assert self.gate.wait(WAIT), "the test never opened the gate"
+                self.entered.clear()
+            if self.fail is not None:
+                error, self.fail = self.fail, None
+                if self.land:
+                    super().replace(checkpoint, etag)
+                raise error
+            self.commits.append(checkpoint.position.pk if checkpoint.position else None)
+        return super().replace(checkpoint, etag)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def store(clock: FakeClock) -> GatedStore:
+    return GatedStore(clock)
+
+
+class Handler:
+    """Records the ids it saw, and whether a commit was waiting at the gate when it started."""
+
+    def __init__(self, store: GatedStore, *, hold_first: bool = True) -> None:
+        self.store = store
+        self.ids: list[list[int]] = []
+        self.overlapped: list[bool] = []
+        self.fail_on: int | None = None
+        self.hold_first = hold_first
+
+    def __call__(self, batch: Batch) -> None:
+        call = len(self.ids)
+        if call == 1 and self.hold_first:
+            # The first batch's commit must be in flight, held at the gate, right now.
+            self.overlapped.append(self.store.entered.wait(WAIT))
+        else:
+            self.overlapped.append(self.store.entered.is_set())
+        self.ids.append([c.pk for c in batch])
+        if call >= 1:
+            self.store.gate.set()  # let the commit in flight land
+        if call == self.fail_on:
+            raise ValueError("handler failed")
+
+
+def test_the_next_batch_is_handled_while_the_previous_commit_is_in_flight(
+    orders: Orders, store: GatedStore, clock: FakeClock
+) -> None:
+    orders.insert(range(1, 11))
+    handler = Handler(store)
+    report = make_engine(orders, store, handler, clock).run(SETTINGS)
+    assert handler.ids == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10]]
+    assert handler.overlapped[1] is True  # batch 2 ran while commit 1 waited at the gate
+    assert store.commits == [(4,), (8,), (10,)]  # in order, each over the previous etag
+    assert (report.status, report.batches, report.rows) == ("caught_up", 3, 10)
+    assert stored(store).position.pk == (10,)
+    assert store.threads == {"afdb-commit_0"}  # commits on the one commit thread
+    assert not any(t.name.startswith("afdb-commit") for t in threading.enumerate())
+
+
+def test_unpipelined_commits_land_before_the_next_batch(
+    orders: Orders, store: GatedStore, clock: FakeClock
+) -> None:
+    orders.insert(range(1, 9))
+    store.gate.set()
+    handler = Handler(store, hold_first=False)
+    make_engine(orders, store, handler, clock, pipeline=False).run(SETTINGS)
+    assert handler.overlapped == [False, False]
+    assert store.commits == [(4,), (8,)]
+    assert store.threads == {threading.current_thread().name}
+
+
+@pytest.mark.parametrize(
+    "error",
+    [StateStoreError("disk full"), TransientStoreError("timeout")],
+    ids=["failed", "unknown outcome"],
+)
+def test_a_commit_failing_while_the_next_handler_runs_acknowledges_nothing_after_it(
+    orders: Orders,
+    store: GatedStore,
+    clock: FakeClock,
+    error: Exception,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    orders.insert(range(1, 13))
+    store.fail = error
+    handler = Handler(store)
+    committed: list[int] = []
+
+    class Counting(NullObserver):
+        def batch_committed(self, batch: Batch, duration: float) -> None:
+            committed.append(len(batch))
+
+    engine = make_engine(orders, store, handler, clock)
+    engine.observer = Counting()
+    with caplog.at_level(logging.INFO), pytest.raises(type(error)):
+        engine.run(SETTINGS)
+    # Batch 2 was handed over while commit 1 was failing; the run stopped there.
+    assert handler.ids == [[1, 2, 3, 4], [5, 6, 7, 8]]
+    assert handler.overlapped[1] is True
+    assert stored(store).position is None  # neither batch acknowledged
+    assert committed == []
+    assert "action=batch_committed" not in caplog.text
+    # The next run delivers both again (at-least-once), then the rest.
+    store.gate.set()
+    again = Handler(store, hold_first=False)
+    make_engine(orders, store, again, clock).run(SETTINGS)
+    assert again.ids == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]]
+    assert stored(store).position.pk == (12,)
+
+
+def test_a_commit_that_landed_unanswered_is_recognised_in_flight(
+    orders: Orders, store: GatedStore, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    orders.insert(range(1, 9))
+    store.fail, store.land = TransientStoreError("timeout"), True
+    handler = Handler(store)
+    with caplog.at_level(logging.WARNING):
+        report = make_engine(orders, store, handler, clock).run(SETTINGS)
+    assert "action=commit_ambiguous_landed" in caplog.text
+    assert handler.ids == [[1, 2, 3, 4], [5, 6, 7, 8]]
+    assert report.rows == 8
+    assert stored(store).position.pk == (8,)
+
+
+def test_a_fenced_commit_in_flight_ends_the_run_with_the_conflict(
+    orders: Orders, store: GatedStore, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another owner fences the record while commit 1 waits: commit 1 loses compare-and-set,
+    and batch 2, handled meanwhile, is not acknowledged either."""
+    orders.insert(range(1, 9))
+    handler = Handler(store)
+    a_clock = FakeClock()  # A's monotonic clock stands still: it believes it holds the lease
+    engine = make_engine(orders, store, handler, a_clock)
+
+    def take_over() -> None:
+        assert store.entered.wait(WAIT)
+        # The store's clock: A's lease expires; B acquires and fences the record.
+        clock.advance(31)
+        grant = store.acquire(engine.config.key, "B", 30)
+        assert grant is not None
+        current = store.read(engine.config.key)
+        assert current is not None
+        MemoryStateStore.replace(store, current.checkpoint.fenced(grant.fence), current.etag)
+
+    store.gate.set = lambda: None  # type: ignore[method-assign] # the thief opens it
+    opened = threading.Event.set
+
+    def take_over_then_open() -> None:
+        take_over()
+        opened(store.gate)
+
+    thief = threading.Thread(target=take_over_then_open)
+    thief.start()
+    # The conflict, or the lease the conflict marked lost, whichever the run meets first.
+    with (
+        caplog.at_level(logging.WARNING),
+        pytest.raises((CheckpointConflictError, LeaseLostError)),
+    ):
+        engine.run(SETTINGS)
+    thief.join(WAIT)
+    assert "action=commit_rejected" in caplog.text
+    assert stored(store).position is None
+    assert stored(store).fence == 2
+
+
+def test_a_handler_failing_while_a_commit_is_in_flight_counts_its_attempt_after_it_lands(
+    orders: Orders, store: GatedStore, clock: FakeClock
+) -> None:
+    orders.insert(range(1, 9))
+    handler = Handler(store)
+    handler.fail_on = 1
+    with pytest.raises(HandlerError):
+        make_engine(orders, store, handler, clock).run(SETTINGS)
+    cp = stored(store)
+    assert cp.position.pk == (4,)  # commit 1 landed
+    assert (cp.attempts, cp.stats.batches) == (1, 1)  # batch 2's failure counted after it
+    assert cp.last_error is not None
+    assert "handler failed" in cp.last_error
+
+
+def test_with_a_sink_each_commit_lands_before_the_next_sink_transaction(
+    orders: Orders, clock: FakeClock, tmp_path: Path
+) -> None:
+    orders.insert(range(1, 11))
+    store = MemoryStateStore(clock)
+    sink = MemorySink()
+    sink.create_table("out", ["id"])
+    ahead: list[int] = []
+    from azure_functions_db.core.engine import Engine, PollerConfig
+    from azure_functions_db.sources.sqlalchemy import SqlSource
+
+    def handler(batch: Batch, writer: Any) -> None:
+        cp = store.read(PollerConfig(name="orders").key)
+        mark = sink.mark(PollerConfig(name="orders").key)
+        # The sink never holds more than one batch the checkpoint does not: here, none.
+        ahead.append((mark.sequence if mark else 0) - (cp.checkpoint.stats.batches if cp else 0))
+        writer.insert("out", [{"id": c.pk} for c in batch])
+
+    source = SqlSource(url=orders.url, table="orders", cursor="updated_at", pk="id")
+    cfg = PollerConfig(name="orders", batch_size=4)
+    Engine(cfg, source, store, handler, clock, owner="o", sink=sink).run(SETTINGS)
+    assert ahead == [0, 0, 0]
+    assert sorted(r["id"] for r in sink.rows("out")) == list(range(1, 11))
+
+
+def test_a_run_that_spends_its_budget_waits_for_its_last_commit(
+    orders: Orders, store: GatedStore, clock: FakeClock
+) -> None:
+    orders.insert(range(1, 17))
+    store.gate.set()
+
+    def slow(batch: Batch) -> None:
+        clock.advance(8)  # the run's monotonic clock: a 20 s budget goes in 3 batches
+
+    report = make_engine(orders, store, slow, clock, time_budget=20).run(SETTINGS)
+    assert report.status == "budget_spent"
+    assert report.batches == 3
+    assert stored(store).position.pk == (12,)
+
+
+# -- coalesced commits -------------------------------------------------------------------------
+
+
+def test_coalesced_commits_write_once_per_checkpoint_every_rows_and_at_the_end(
+    orders: Orders, store: GatedStore, clock: FakeClock
+) -> None:
+    orders.insert(range(1, 23))
+    store.gate.set()
+    seen: list[int] = []
+    report = make_engine(
+        orders, store, lambda b: seen.extend(c.pk for c in b), clock, checkpoint_every=8
+    ).run(SETTINGS)
+    assert seen == list(range(1, 23))
+    # Batches of 4: a commit after every 8 rows, and the last (short) ones at the end.
+    assert store.commits == [(8,), (16,), (22,)]
+    assert (report.batches, report.rows, report.status) == (6, 22, "caught_up")
+    cp = stored(store)
+    assert (cp.stats.batches, cp.stats.rows) == (6, 22)
+
+
+def test_a_crash_with_coalesced_batches_held_back_delivers_them_again(
+    orders: Orders, store: GatedStore, clock: FakeClock
+) -> None:
+    orders.insert(range(1, 17))
+    store.gate.set()
+    calls: list[list[int]] = []
+
+    def dies_on_the_fourth(batch: Batch) -> None:
+        calls.append([c.pk for c in batch])
+        if len(calls) == 4:
+            raise KeyboardInterrupt  # the process goes away
+
+    with pytest.raises(KeyboardInterrupt):
+        make_engine(orders, store, dies_on_the_fourth, clock, checkpoint_every=12).run(SETTINGS)
+    # Batches 1-3 (12 rows) were due: committed before the interrupted attempt was counted.
+    assert stored(store).position.pk == (12,)
+    again: list[int] = []
+    make_engine(orders, store, lambda b: again.extend(c.pk for c in b), clock).run(SETTINGS)
+    assert again == [13, 14, 15, 16]
+
+
+def test_coalescing_also_commits_every_checkpoint_seconds(
+    orders: Orders, store: GatedStore, clock: FakeClock
+) -> None:
+    orders.insert(range(1, 17))
+    store.gate.set()
+
+    def slow(batch: Batch) -> None:
+        clock.advance(4)
+
+    make_engine(orders, store, slow, clock, checkpoint_every=1000, checkpoint_seconds=7).run(
+        SETTINGS
+    )
+    # Held since batch 1 (t=4 after its handler): due at batch 3 (t=12 >= 4 + 7), then at the end.
+    assert store.commits == [(12,), (16,)]
+
+
+def test_coalescing_is_refused_with_a_transactional_sink(orders: Orders, clock: FakeClock) -> None:
+    from azure_functions_db.core.engine import Engine, PollerConfig
+    from azure_functions_db.errors import ConfigurationError
+    from azure_functions_db.sources.sqlalchemy import SqlSource
+
+    source = SqlSource(url=orders.url, table="orders", cursor="updated_at", pk="id")
+    cfg = PollerConfig(name="orders", checkpoint_every=5000)
+    with pytest.raises(ConfigurationError, match="checkpoint must follow every batch"):
+        Engine(
+            cfg,
+            source,
+            MemoryStateStore(clock),
+            lambda b, s: None,
+            clock,
+            owner="o",
+            sink=MemorySink(),
+        )
+
+
+# -- low-latency mode --------------------------------------------------------------------------
+
+
+def test_low_latency_mode_keeps_polling_under_one_lease_until_the_budget_is_spent(
+    orders: Orders, store: GatedStore, clock: FakeClock
+) -> None:
+    orders.insert(range(1, 5))
+    store.gate.set()
+    seen: list[list[int]] = []
+    waits: list[float] = []
+    real_sleep = clock.sleep
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) == 3:  # a writer commits new rows while the run waits
+            orders.insert(range(5, 8), base=orders_base(2))
+        real_sleep(seconds)
+
+    clock.sleep = sleep  # type: ignore[method-assign]
+    acquired = 0
+    real_acquire = store.acquire
+
+    def counting_acquire(*args: Any) -> Any:
+        nonlocal acquired
+        acquired += 1
+        return real_acquire(*args)
+
+    store.acquire = counting_acquire  # type: ignore[method-assign]
+    engine = make_engine(
+        orders,
+        store,
+        lambda b: seen.append([c.pk for c in b]),
+        clock,
+        poll_interval=2.0,
+        time_budget=12.0,
+    )
+    report = engine.run(SETTINGS)
+    assert seen == [[1, 2, 3, 4], [5, 6, 7]]  # the later rows came in the same run
+    assert acquired == 1  # one lease for the whole run
+    assert waits == [2.0] * 5  # polled every 2 s until the 12 s budget would be spent
+    assert report.status == "caught_up"
+    assert (report.batches, report.rows) == (2, 7)
+    assert stored(store).position.pk == (7,)
+    assert store.commits == [(4,), (7,)]  # no checkpoint write while idle
+
+
+def test_poll_interval_must_fit_in_the_budget() -> None:
+    from azure_functions_db.core.config import PollerConfig
+    from azure_functions_db.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="poll_interval"):
+        PollerConfig(name="orders", poll_interval=300, time_budget=240)
+
+
+def orders_base(hours: int) -> Any:
+    import datetime as dt
+
+    from tests.support.sqlite_orders import T0
+
+    return T0 + dt.timedelta(hours=hours)
