@@ -48,7 +48,7 @@ def event_id_handler(batch: Batch) -> None:
         change.event_id  # noqa: B018  # computed lazily, on first access
 
 
-def poller_config(batch_size: int, *, pipeline: bool = True) -> PollerConfig:
+def poller_config(batch_size: int, *, pipeline: bool = False) -> PollerConfig:
     return PollerConfig(
         name=POLLER, batch_size=batch_size, time_budget=3600, lease_duration=60, pipeline=pipeline
     )
@@ -61,7 +61,7 @@ def make_engine(
     handler: Handler = noop_handler,
     horizon: str | None = None,
     *,
-    pipeline: bool = True,
+    pipeline: bool = False,
 ) -> tuple[Engine, SqlSource]:
     """A fresh source and engine, as a new Functions worker process would build them."""
     source = db.source(horizon)
@@ -87,7 +87,7 @@ def engine_drain(
     handler: Handler = noop_handler,
     horizon: str | None = None,
     *,
-    pipeline: bool = True,
+    pipeline: bool = False,
 ) -> int:
     """One ``Engine.run`` from an empty state store to the end of the table; the row count
     (``pipeline=False``: each commit before the next batch is read)."""

@@ -38,7 +38,7 @@ class _Pending:
     batch: Batch  # the last batch the commit acknowledges
     new: Checkpoint
     done: Callable[[], None]
-    future: Future[None] | None  # None: written already (not pipelined)
+    future: Future[None] | None  # the write; None: not submitted (held back)
     rows: int = 0  # rows the commit acknowledges (0: the batch's)
 
 
@@ -129,12 +129,15 @@ class CommitPipe:
         self._wait()
         self._claim.keeper.ensure_held()
         if not self._pipelined:
-            self._pending = _Pending(batch, new, done, None, rows)
+            # Written here and now, its outcome reported the same way as a pipelined one's.
+            written: Future[None] = Future()
             try:
                 self._claim.write(new)
-            except BaseException:
-                self._pending = None
-                raise
+            except Exception as exc:  # noqa: BLE001 - raised again by _wait, once reported
+                written.set_exception(exc)
+            else:
+                written.set_result(None)
+            self._pending = _Pending(batch, new, done, written, rows)
             self._wait()
             return
         if self._executor is None:

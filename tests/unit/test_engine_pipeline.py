@@ -106,7 +106,7 @@ def test_the_next_batch_is_handled_while_the_previous_commit_is_in_flight(
 ) -> None:
     orders.insert(range(1, 11))
     handler = Handler(store)
-    report = make_engine(orders, store, handler, clock).run(SETTINGS)
+    report = make_engine(orders, store, handler, clock, pipeline=True).run(SETTINGS)
     assert handler.ids == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10]]
     assert handler.overlapped[1] is True  # batch 2 ran while commit 1 waited at the gate
     assert store.commits == [(4,), (8,), (10,)]  # in order, each over the previous etag
@@ -149,7 +149,7 @@ def test_a_commit_failing_while_the_next_handler_runs_acknowledges_nothing_after
         def batch_committed(self, batch: Batch, duration: float) -> None:
             committed.append(len(batch))
 
-    engine = make_engine(orders, store, handler, clock)
+    engine = make_engine(orders, store, handler, clock, pipeline=True)
     engine.observer = Counting()
     with caplog.at_level(logging.INFO), pytest.raises(type(error)):
         engine.run(SETTINGS)
@@ -162,7 +162,7 @@ def test_a_commit_failing_while_the_next_handler_runs_acknowledges_nothing_after
     # The next run delivers both again (at-least-once), then the rest.
     store.gate.set()
     again = Handler(store, hold_first=False)
-    make_engine(orders, store, again, clock).run(SETTINGS)
+    make_engine(orders, store, again, clock, pipeline=True).run(SETTINGS)
     assert again.ids == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]]
     assert stored(store).position.pk == (12,)
 
@@ -174,7 +174,7 @@ def test_a_commit_that_landed_unanswered_is_recognised_in_flight(
     store.fail, store.land = TransientStoreError("timeout"), True
     handler = Handler(store)
     with caplog.at_level(logging.WARNING):
-        report = make_engine(orders, store, handler, clock).run(SETTINGS)
+        report = make_engine(orders, store, handler, clock, pipeline=True).run(SETTINGS)
     assert "action=commit_ambiguous_landed" in caplog.text
     assert handler.ids == [[1, 2, 3, 4], [5, 6, 7, 8]]
     assert report.rows == 8
@@ -189,7 +189,7 @@ def test_a_fenced_commit_in_flight_ends_the_run_with_the_conflict(
     orders.insert(range(1, 9))
     handler = Handler(store)
     a_clock = FakeClock()  # A's monotonic clock stands still: it believes it holds the lease
-    engine = make_engine(orders, store, handler, a_clock)
+    engine = make_engine(orders, store, handler, a_clock, pipeline=True)
 
     def take_over() -> None:
         assert store.entered.wait(WAIT)
@@ -229,7 +229,7 @@ def test_a_handler_failing_while_a_commit_is_in_flight_counts_its_attempt_after_
     handler = Handler(store)
     handler.fail_on = 1
     with pytest.raises(HandlerError):
-        make_engine(orders, store, handler, clock).run(SETTINGS)
+        make_engine(orders, store, handler, clock, pipeline=True).run(SETTINGS)
     cp = stored(store)
     assert cp.position.pk == (4,)  # commit 1 landed
     assert (cp.attempts, cp.stats.batches) == (1, 1)  # batch 2's failure counted after it
@@ -256,7 +256,7 @@ def test_with_a_sink_each_commit_lands_before_the_next_sink_transaction(
         writer.insert("out", [{"id": c.pk} for c in batch])
 
     source = SqlSource(url=orders.url, table="orders", cursor="updated_at", pk="id")
-    cfg = PollerConfig(name="orders", batch_size=4)
+    cfg = PollerConfig(name="orders", batch_size=4, pipeline=True)
     Engine(cfg, source, store, handler, clock, owner="o", sink=sink).run(SETTINGS)
     assert ahead == [0, 0, 0]
     assert sorted(r["id"] for r in sink.rows("out")) == list(range(1, 11))
@@ -271,7 +271,7 @@ def test_a_run_that_spends_its_budget_waits_for_its_last_commit(
     def slow(batch: Batch) -> None:
         clock.advance(8)  # the run's monotonic clock: a 20 s budget goes in 3 batches
 
-    report = make_engine(orders, store, slow, clock, time_budget=20).run(SETTINGS)
+    report = make_engine(orders, store, slow, clock, time_budget=20, pipeline=True).run(SETTINGS)
     assert report.status == "budget_spent"
     assert report.batches == 3
     assert stored(store).position.pk == (12,)
@@ -287,7 +287,12 @@ def test_coalesced_commits_write_once_per_checkpoint_every_rows_and_at_the_end(
     store.gate.set()
     seen: list[int] = []
     report = make_engine(
-        orders, store, lambda b: seen.extend(c.pk for c in b), clock, checkpoint_every=8
+        orders,
+        store,
+        lambda b: seen.extend(c.pk for c in b),
+        clock,
+        checkpoint_every=8,
+        pipeline=True,
     ).run(SETTINGS)
     assert seen == list(range(1, 23))
     # Batches of 4: a commit after every 8 rows, and the last (short) ones at the end.
@@ -310,7 +315,9 @@ def test_a_crash_with_coalesced_batches_held_back_delivers_them_again(
             raise KeyboardInterrupt  # the process goes away
 
     with pytest.raises(KeyboardInterrupt):
-        make_engine(orders, store, dies_on_the_fourth, clock, checkpoint_every=12).run(SETTINGS)
+        make_engine(
+            orders, store, dies_on_the_fourth, clock, checkpoint_every=12, pipeline=True
+        ).run(SETTINGS)
     # Batches 1-3 (12 rows) were due: committed before the interrupted attempt was counted.
     assert stored(store).position.pk == (12,)
     again: list[int] = []
@@ -327,9 +334,9 @@ def test_coalescing_also_commits_every_checkpoint_seconds(
     def slow(batch: Batch) -> None:
         clock.advance(4)
 
-    make_engine(orders, store, slow, clock, checkpoint_every=1000, checkpoint_seconds=7).run(
-        SETTINGS
-    )
+    make_engine(
+        orders, store, slow, clock, checkpoint_every=1000, checkpoint_seconds=7, pipeline=True
+    ).run(SETTINGS)
     # Held since batch 1 (t=4 after its handler): due at batch 3 (t=12 >= 4 + 7), then at the end.
     assert store.commits == [(12,), (16,)]
 
@@ -388,6 +395,7 @@ def test_low_latency_mode_keeps_polling_under_one_lease_until_the_budget_is_spen
         clock,
         poll_interval=2.0,
         time_budget=12.0,
+        pipeline=True,
     )
     report = engine.run(SETTINGS)
     assert seen == [[1, 2, 3, 4], [5, 6, 7]]  # the later rows came in the same run
