@@ -48,9 +48,16 @@ def event_id_handler(batch: Batch) -> None:
         change.event_id  # noqa: B018  # computed lazily, on first access
 
 
-def poller_config(batch_size: int, *, pipeline: bool = False) -> PollerConfig:
+def poller_config(
+    batch_size: int, *, pipeline: bool = False, checkpoint_every: int | None = None
+) -> PollerConfig:
     return PollerConfig(
-        name=POLLER, batch_size=batch_size, time_budget=3600, lease_duration=60, pipeline=pipeline
+        name=POLLER,
+        batch_size=batch_size,
+        time_budget=3600,
+        lease_duration=60,
+        pipeline=pipeline,
+        checkpoint_every=checkpoint_every,
     )
 
 
@@ -62,10 +69,11 @@ def make_engine(
     horizon: str | None = None,
     *,
     pipeline: bool = False,
+    checkpoint_every: int | None = None,
 ) -> tuple[Engine, SqlSource]:
     """A fresh source and engine, as a new Functions worker process would build them."""
     source = db.source(horizon)
-    config = poller_config(batch_size, pipeline=pipeline)
+    config = poller_config(batch_size, pipeline=pipeline, checkpoint_every=checkpoint_every)
     engine = Engine(config, source, store, handler, SystemClock(), owner=OWNER)
     return engine, source
 
@@ -88,10 +96,20 @@ def engine_drain(
     horizon: str | None = None,
     *,
     pipeline: bool = False,
+    checkpoint_every: int | None = None,
 ) -> int:
     """One ``Engine.run`` from an empty state store to the end of the table; the row count
-    (``pipeline=False``: each commit before the next batch is read)."""
-    engine, source = make_engine(db, store, batch_size, handler, horizon, pipeline=pipeline)
+    (``pipeline=False``: each commit before the next batch is read; ``checkpoint_every``:
+    coalesced commits)."""
+    engine, source = make_engine(
+        db,
+        store,
+        batch_size,
+        handler,
+        horizon,
+        pipeline=pipeline,
+        checkpoint_every=checkpoint_every,
+    )
     try:
         return drained(engine.run({}), db)
     finally:
