@@ -369,12 +369,7 @@ def decode_checkpoint(data: bytes) -> Checkpoint:
     Raises :class:`CodecError` (with a reason) for malformed JSON, an unknown schema number or
     any field that does not decode; callers turn that into ``CheckpointCorruptError``.
     """
-    try:
-        doc = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CodecError(f"not valid UTF-8 JSON ({exc})") from exc
-    if not isinstance(doc, dict):
-        raise CodecError("the record is not a JSON object")
+    doc = json_object(data)
     schema = doc.get("schema")
     if schema != SCHEMA_VERSION:
         raise CodecError(
@@ -410,6 +405,18 @@ def decode_checkpoint(data: bytes) -> Checkpoint:
         seek=SeekAudit.from_json(seek) if seek is not None else None,
         health=RunHealth.from_json(health) if health is not None else None,
     )
+
+
+def json_object(data: bytes) -> dict[str, Any]:
+    """Stored bytes as a JSON object; :class:`CodecError` when they are not UTF-8 JSON or not an
+    object (the first step of decoding every record)."""
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CodecError(f"not valid UTF-8 JSON ({exc})") from exc
+    if not isinstance(doc, dict):
+        raise CodecError("the record is not a JSON object")
+    return doc
 
 
 def _time_or_none(value: dt.datetime | None) -> Any:

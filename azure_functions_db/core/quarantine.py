@@ -33,7 +33,7 @@ from decimal import Decimal
 from typing import Any, Literal
 
 from azure_functions_db.core.batch import Batch, Change
-from azure_functions_db.core.checkpoint import PollerKey, count_field, str_field
+from azure_functions_db.core.checkpoint import PollerKey, count_field, json_object, str_field
 from azure_functions_db.core.position import Position, decode_value, encode_value
 from azure_functions_db.errors import CodecError
 
@@ -193,12 +193,7 @@ def encode_record(record: QuarantineRecord) -> bytes:
 
 def decode_record(data: bytes) -> QuarantineRecord:
     """Inverse of :func:`encode_record`; raises :class:`CodecError` naming what is wrong."""
-    try:
-        doc = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CodecError(f"not valid UTF-8 JSON ({exc})") from exc
-    if not isinstance(doc, dict):
-        raise CodecError("the record is not a JSON object")
+    doc = json_object(data)
     if doc.get("schema") != QUARANTINE_SCHEMA:
         raise CodecError(
             f"unknown quarantine schema `{doc.get('schema')}` (this version reads schema "
