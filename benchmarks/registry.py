@@ -13,6 +13,7 @@ from benchmarks import (
     spark_backfill,
     sqlite_flatness,
     sqlite_idle,
+    sqlite_latency,
     sqlite_memory,
     sqlite_throughput,
 )
@@ -22,6 +23,7 @@ ALL: tuple[Benchmark, ...] = (
     sqlite_throughput.BENCHMARK,
     sqlite_flatness.BENCHMARK,
     sqlite_idle.BENCHMARK,
+    sqlite_latency.BENCHMARK,
     sqlite_memory.BENCHMARK,
     azurite_requests.BENCHMARK,
     pg_drain.BENCHMARK,
