@@ -27,6 +27,7 @@ from azure_functions_db.core.quarantine import (
     QuarantineEvent,
     QuarantineRecord,
     new_record,
+    no_such_record,
 )
 from azure_functions_db.errors import (
     CheckpointConflictError,
@@ -305,12 +306,7 @@ class PoisonRuns:
         cfg = self.config
         stored = self._retrying(self.store.read_quarantined, cfg.key, record_id)
         if stored is None:
-            raise QuarantineStateError(
-                cfg.name,
-                cfg.namespace,
-                record_id,
-                f"no such record; `afdb quarantine list APP --poller {cfg.name}` shows the ids",
-            )
+            raise no_such_record(cfg.key, record_id, cfg.name)
         assert isinstance(stored, StoredQuarantine)
         return stored
 

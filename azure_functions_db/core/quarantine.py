@@ -35,7 +35,7 @@ from typing import Any, Literal
 from azure_functions_db.core.batch import Batch, Change
 from azure_functions_db.core.checkpoint import PollerKey, count_field, json_object, str_field
 from azure_functions_db.core.position import Position, decode_value, encode_value
-from azure_functions_db.errors import CodecError
+from azure_functions_db.errors import CodecError, QuarantineStateError
 
 QUARANTINE_SCHEMA = 1
 
@@ -122,6 +122,16 @@ class QuarantineRecord:
     def replays(self) -> int:
         """How many replays were tried (failed or not)."""
         return sum(1 for e in self.history if e.action in ("replayed", "replay_failed"))
+
+
+def no_such_record(key: PollerKey, record_id: str, poller: str) -> QuarantineStateError:
+    """The error for a record id that ``key`` does not hold (``poller``: its name in the app)."""
+    return QuarantineStateError(
+        key.poller,
+        key.namespace,
+        record_id,
+        f"no such record; `afdb quarantine list APP --poller {poller} --all` shows the ids.",
+    )
 
 
 def record_id(key: PollerKey, first: Position, last: Position) -> str:

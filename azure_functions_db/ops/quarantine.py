@@ -18,6 +18,7 @@ from azure_functions_db.core.quarantine import (
     QuarantineRecord,
     full_json,
     in_order,
+    no_such_record,
 )
 from azure_functions_db.errors import QuarantineCorruptError, QuarantineStateError
 from azure_functions_db.ops.seek import operator_identity
@@ -62,7 +63,7 @@ def show_record(
     cfg = definition.config
     stored = definition.store(settings).read_quarantined(cfg.key, record_id)
     if stored is None:
-        raise _missing(definition, record_id)
+        raise no_such_record(cfg.key, record_id, cfg.name)
     return stored.record
 
 
@@ -104,7 +105,7 @@ def drop_record(
     store = definition.store(settings)
     stored = store.read_quarantined(cfg.key, record_id)
     if stored is None:
-        raise _missing(definition, record_id)
+        raise no_such_record(cfg.key, record_id, cfg.name)
     if stored.record.state != "quarantined":
         raise QuarantineStateError(
             cfg.name,
@@ -128,16 +129,6 @@ def drop_record(
         reason=reason or None,
     )
     return dropped
-
-
-def _missing(definition: PollerDefinition, record_id: str) -> QuarantineStateError:
-    cfg = definition.config
-    return QuarantineStateError(
-        cfg.name,
-        cfg.namespace,
-        record_id,
-        f"no such record; `afdb quarantine list APP --poller {cfg.name} --all` shows the ids.",
-    )
 
 
 LIST_COLUMNS = ("id", "state", "rows", "first .. last", "quarantined at", "error", "replays")
