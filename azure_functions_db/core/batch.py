@@ -5,9 +5,9 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, overload
+from typing import Any, Literal, Protocol, overload
 
 from azure_functions_db.core.position import KeyValue, Position, encode_value
 
@@ -48,7 +48,7 @@ class _EventIdSlot:
     _event_id: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Change(_EventIdSlot):
     """One changed row as delivered to the handler.
 
@@ -78,6 +78,18 @@ class Change(_EventIdSlot):
             object.__setattr__(self, "_event_id", value)
             return value
 
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Change):
+            return NotImplemented
+        return (self.data, self.position, self.poller, self.op) == (
+            other.data,
+            other.position,
+            other.poller,
+            other.op,
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # data is a dict: as the dataclass had it
+
     @property
     def cursor(self) -> Any:
         """The cursor value; a tuple when the cursor has several columns."""
@@ -87,6 +99,104 @@ class Change(_EventIdSlot):
     def pk(self) -> Any:
         """The primary-key value; a tuple when the key has several columns."""
         return _unwrap(self.position.pk)
+
+
+class RowLayout(Protocol):
+    """Where the values of a driver row go (``SqlSource``'s ``RowShape``)."""
+
+    @property
+    def names(self) -> tuple[str, ...]: ...
+    @property
+    def cursor_of(self) -> Callable[[Sequence[Any]], tuple[Any, ...]]: ...
+    @property
+    def pk_of(self) -> Callable[[Sequence[Any]], tuple[Any, ...]]: ...
+    @property
+    def deleted(self) -> Callable[[Sequence[Any]], bool] | None: ...
+
+
+# The base class's slots, read and written past the properties of ``_RowChange`` below.
+_data_slot, _position_slot = Change.__dict__["data"], Change.__dict__["position"]
+_get_data, _set_data = _data_slot.__get__, _data_slot.__set__
+_get_position, _set_position = _position_slot.__get__, _position_slot.__set__
+_set_poller = Change.__dict__["poller"].__set__
+
+
+class _RowChange(Change):
+    """A ``Change`` over a driver row, built in three slot writes: its ``data`` dict and its
+    ``position`` are made from the row on first access (then kept), its ``op`` is read from it.
+
+    Until ``data`` is read, the ``data`` slot holds the driver row itself (a ``Row`` or tuple,
+    never a ``dict``), so no slot more is written per row. It is a ``Change`` in every way a
+    caller can see: equal to the plain ``Change`` with the same fields, shown and pickled as
+    one, frozen; ``dataclasses.replace`` returns a plain ``Change``.
+    """
+
+    __slots__ = ("_layout", "_row")
+    _row: Sequence[Any]  # the driver row, once ``data`` holds its dict
+    _layout: RowLayout
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Change:  # type: ignore[misc]
+        return Change(*args, **kwargs)  # dataclasses.replace(): a plain Change
+
+    def _source_row(self) -> Sequence[Any]:
+        raw = _get_data(self)
+        return self._row if type(raw) is dict else raw
+
+    @property
+    def data(self) -> Mapping[str, Any]:
+        raw = _get_data(self)
+        if type(raw) is dict:
+            return raw
+        value = dict(zip(self._layout.names, raw, strict=False))
+        _set_row(self, raw)  # before the dict replaces the row in the data slot
+        _set_data(self, value)
+        return value
+
+    @property
+    def position(self) -> Position:
+        try:
+            return _get_position(self)  # type: ignore[no-any-return]
+        except AttributeError:
+            row, layout = self._source_row(), self._layout
+            value = Position.trusted(layout.cursor_of(row), layout.pk_of(row))
+            _set_position(self, value)
+            return value
+
+    @property
+    def op(self) -> Literal["upsert", "delete"]:
+        deleted = self._layout.deleted
+        return "delete" if deleted is not None and deleted(self._source_row()) else "upsert"
+
+    def __repr__(self) -> str:
+        return (
+            f"Change(data={self.data!r}, position={self.position!r}, poller={self.poller!r}, "
+            f"op={self.op!r})"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Change, (self.data, self.position, self.poller, self.op))
+
+
+_new = object.__new__
+_set_row = _RowChange.__dict__["_row"].__set__
+_set_layout = _RowChange.__dict__["_layout"].__set__
+
+
+def row_changes(rows: Sequence[Sequence[Any]], layout: RowLayout, poller: str) -> list[Change]:
+    """``poller``'s changes over driver ``rows``, each built lazily (see ``_RowChange``).
+
+    The caller has checked the keys that will be stored (a batch's last position); the
+    positions between are built unchecked, as ``Position.trusted`` documents.
+    """
+    changes: list[Change] = []
+    append = changes.append
+    for row in rows:
+        change = _new(_RowChange)
+        _set_data(change, row)
+        _set_layout(change, layout)
+        _set_poller(change, poller)
+        append(change)
+    return changes
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from azure_functions_db.core.batch import Change
+from azure_functions_db.core.batch import Change, row_changes
 from azure_functions_db.core.ports import SourceRow
 from azure_functions_db.core.position import Position
 
@@ -60,29 +60,13 @@ class RowShape:
         ]
 
     def changes(self, rows: Sequence[Sequence[Any]], poller: str) -> list[Change]:
-        """``rows`` as ``poller``'s ``Change`` objects: :meth:`rows` without a ``SourceRow``."""
+        """``rows`` as ``poller``'s ``Change`` objects, each built lazily on first access (its
+        dict, position and op): a handler that reads a column pays for that, one that reads
+        nothing pays one small object per row."""
         if not rows:
             return []
-        names, cursor_of, pk_of, deleted = self._checked(rows)
-        position = Position.trusted
-        if deleted is None:
-            return [
-                Change(
-                    dict(zip(names, row, strict=False)),
-                    position(cursor_of(row), pk_of(row)),
-                    poller,
-                )
-                for row in rows
-            ]
-        return [
-            Change(
-                dict(zip(names, row, strict=False)),
-                position(cursor_of(row), pk_of(row)),
-                poller,
-                "delete" if deleted(row) else "upsert",
-            )
-            for row in rows
-        ]
+        self._checked(rows)
+        return row_changes(rows, self, poller)
 
     def _checked(
         self, rows: Sequence[Sequence[Any]]

@@ -1,0 +1,88 @@
+"""``row_changes``: the lazily built ``Change`` objects a ``SqlSource`` hands the engine are
+``Change`` objects in every way a handler, a sink or a pickle can see."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import pickle
+
+import pytest
+
+from azure_functions_db.core.batch import Change, event_id, row_changes
+from azure_functions_db.core.position import Position
+from azure_functions_db.sources._rows import RowShape
+from azure_functions_db.sources.keyset import picker
+
+NAMES = ("id", "note", "updated_at", "deleted")
+WHEN = dt.datetime(2026, 1, 1, 12, tzinfo=dt.UTC)
+ROWS = [(7, "seven", WHEN, False), (8, "eight", WHEN, True)]
+SHAPE = RowShape(NAMES, cursor_of=picker([2]), pk_of=picker([0]))
+SOFT = RowShape(NAMES, picker([2]), picker([0]), deleted=lambda row: bool(row[3]))
+
+
+def _plain(row: tuple[object, ...], op: str = "upsert") -> Change:
+    return Change(dict(zip(NAMES, row, strict=True)), Position((row[2],), (row[0],)), "orders", op)  # type: ignore[arg-type]
+
+
+def test_a_row_change_equals_the_plain_change_of_its_row_and_shows_as_one():
+    lazy = SHAPE.changes(ROWS, "orders")
+    assert [type(c) is Change for c in lazy] == [False, False]  # really the lazy kind
+    assert lazy == [_plain(ROWS[0]), _plain(ROWS[1])]
+    assert _plain(ROWS[0]) == lazy[0]
+    assert lazy[0] != lazy[1]
+    assert repr(lazy[0]) == repr(_plain(ROWS[0]))
+    assert lazy[0].cursor == WHEN
+    assert lazy[0].pk == 7
+    assert lazy[0].event_id == event_id("orders", Position((WHEN,), (7,)))
+    with pytest.raises(TypeError):
+        hash(lazy[0])  # as unhashable as a plain Change (its data is a dict)
+
+
+def test_data_and_position_are_built_once_and_read_in_any_order():
+    first, second = row_changes(ROWS, SHAPE, "orders")
+    assert first.position == Position((WHEN,), (7,))  # position before data
+    assert first.position is first.position
+    data = first.data
+    assert type(data) is dict
+    assert data is first.data
+    assert data == {"id": 7, "note": "seven", "updated_at": WHEN, "deleted": False}
+    assert first.position == Position((WHEN,), (7,))
+    assert first.op == "upsert"
+    assert second.data["note"] == "eight"  # data before position
+    assert second.position == Position((WHEN,), (8,))
+
+
+def test_soft_deleted_rows_read_their_op_from_the_row():
+    live, gone = SOFT.changes(ROWS, "orders")
+    assert (live.op, gone.op) == ("upsert", "delete")
+    assert gone.data["deleted"] is True
+    assert gone.op == "delete"
+    assert gone == _plain(ROWS[1], "delete")
+
+
+def test_row_changes_stay_frozen_and_have_no_instance_dict():
+    change = SHAPE.changes(ROWS, "orders")[0]
+    assert not hasattr(change, "__dict__")
+    for name, value in (("data", {}), ("position", None), ("poller", "x"), ("op", "delete")):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(change, name, value)
+
+
+@pytest.mark.parametrize("read_first", [False, True])
+def test_a_row_change_pickles_and_is_replaced_as_a_plain_change(read_first):
+    change = SOFT.changes(ROWS, "orders")[1]
+    if read_first:
+        assert change.data["id"] == 8
+    copy = pickle.loads(pickle.dumps(change))
+    assert type(copy) is Change
+    assert copy == change
+    assert copy.op == "delete"
+    moved = dataclasses.replace(change, poller="other")
+    assert type(moved) is Change
+    assert (moved.data, moved.position, moved.poller, moved.op) == (
+        change.data,
+        change.position,
+        "other",
+        "delete",
+    )
