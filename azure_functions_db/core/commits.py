@@ -15,6 +15,7 @@ unacknowledged (the next run delivers them again). A run never ends with a commi
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -31,14 +32,17 @@ from azure_functions_db.errors import (
 
 #: Logs one structured event: ``log(level, action, **fields)``.
 LogEvent = Callable[..., None]
+#: Reports a batch once its commit landed: ``done(landed)``, ``landed`` the ``monotonic()`` time
+#: the write returned (on the commit thread: before the next batch's handler ended, maybe).
+Landed = Callable[[float], None]
 
 
 @dataclass
 class _Pending:
     batch: Batch  # the last batch the commit acknowledges
     new: Checkpoint
-    done: Callable[[], None]
-    future: Future[None] | None  # the write; None: not submitted (held back)
+    done: Landed
+    future: Future[float] | None  # the write, returning when it landed; None: held back
     rows: int = 0  # rows the commit acknowledges (0: the batch's)
 
 
@@ -90,7 +94,7 @@ class CommitPipe:
         """Whether a commit is held back, in flight, or written and not yet reported."""
         return self._pending is not None or bool(self._held)
 
-    def add(self, batch: Batch, new: Checkpoint, done: Callable[[], None]) -> None:
+    def add(self, batch: Batch, new: Checkpoint, done: Landed) -> None:
         """Commit ``new`` (the record after ``batch``): now, or with later batches when
         coalescing and neither ``every_rows`` rows nor ``every_seconds`` went by since the
         first batch held back."""
@@ -115,35 +119,45 @@ class CommitPipe:
         self._held_rows = 0
         last = held[-1]
 
-        def done() -> None:
+        def done(landed: float) -> None:
             for each in held:
-                each.done()
+                each.done(landed)
 
         self.submit(last.batch, last.new, done, rows=rows)
 
-    def submit(
-        self, batch: Batch, new: Checkpoint, done: Callable[[], None], *, rows: int = 0
-    ) -> None:
+    def submit(self, batch: Batch, new: Checkpoint, done: Landed, *, rows: int = 0) -> None:
         """Commit ``new`` (the record after ``batch``), after the commit before it landed;
-        ``done()`` runs on this thread once it did (report, acknowledge, count)."""
+        ``done(landed)`` runs on this thread once it did (report, acknowledge, count)."""
         self._wait()
         self._claim.keeper.ensure_held()
         if not self._pipelined:
             # Written here and now, its outcome reported the same way as a pipelined one's.
-            written: Future[None] = Future()
+            written: Future[float] = Future()
             try:
-                self._claim.write(new)
+                landed = self._write(new)
             except Exception as exc:  # noqa: BLE001 - raised again by _wait, once reported
                 written.set_exception(exc)
             else:
-                written.set_result(None)
+                written.set_result(landed)
             self._pending = _Pending(batch, new, done, written, rows)
             self._wait()
             return
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="afdb-commit")
-        future = self._executor.submit(self._claim.write, new)
+        future = self._executor.submit(self._write, new)
         self._pending = _Pending(batch, new, done, future, rows)
+
+    def _write(self, new: Checkpoint) -> float:
+        self._claim.write(new)
+        return self._monotonic() if self._monotonic is not None else time.monotonic()
+
+    def ensure_held(self) -> None:
+        """Raise if the lease is lost. When it was lost while a commit was in flight (the commit
+        thread found the record changed by another writer), that commit's own error is the
+        cause and is raised (``CheckpointConflictError``), as without the pipe."""
+        if self._claim.keeper.lost_reason() is not None and self._pending is not None:
+            self._wait()
+        self._claim.keeper.ensure_held()
 
     def settle(self) -> None:
         """Commit the batches held back, wait for the commit in flight; report them, or raise
@@ -158,8 +172,8 @@ class CommitPipe:
             return
         batch = pending.batch
         try:
-            if pending.future is not None:
-                pending.future.result()
+            assert pending.future is not None, "a held batch is submitted before it is waited for"
+            landed = pending.future.result()
         except CheckpointConflictError:
             rows = pending.rows or len(batch)
             self._log(logging.WARNING, "commit_rejected", fence=batch.fence, rows=rows)
@@ -176,7 +190,7 @@ class CommitPipe:
             attempt=batch.attempt,
             position=pending.new.position,
         )
-        pending.done()
+        pending.done(landed)
 
     def close(self, *, failing: bool) -> None:
         """End of the run: settle the commit in flight. When the run is failing already its

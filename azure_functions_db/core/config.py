@@ -72,7 +72,7 @@ class PollerConfig:
     hold_warning: float = 300.0
     stall_after: float | None = None
     stall_runs: int = 5
-    pipeline: bool = False
+    pipeline: bool = True
     checkpoint_every: int | None = None
     checkpoint_seconds: float | None = None
     poll_interval: float | None = None

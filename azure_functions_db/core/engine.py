@@ -204,7 +204,7 @@ class Engine(PoisonRuns, HealthRuns):
 
     def _batches(self, claim: Claim, started: float, report: RunReport) -> None:
         cfg = self.config
-        keeper, pipe = claim.keeper, self._pipe
+        pipe = self._pipe
         assert pipe is not None
         report.position, report.looped = claim.checkpoint.position, True
         # The horizon is kept while batches come back full (one query per catch-up, not per
@@ -218,7 +218,7 @@ class Engine(PoisonRuns, HealthRuns):
                 pipe.settle()
                 report.status = "budget_spent"
                 return
-            keeper.ensure_held()
+            pipe.ensure_held()
             if horizon is None:
                 horizon, fresh = self._retrying(self.source.horizon), True
             # Read after the position the commit in flight (if any) moves the record to.
@@ -234,7 +234,7 @@ class Engine(PoisonRuns, HealthRuns):
                 # A sink may hold one batch the checkpoint does not (the catch-up's rule), never
                 # two: the commit in flight lands before this batch's sink transaction starts.
                 pipe.settle()
-            keeper.ensure_held()
+            pipe.ensure_held()
             try:
                 self._call_handler(batch, claim)
             except _QuarantineDue as due:
@@ -373,8 +373,8 @@ class Engine(PoisonRuns, HealthRuns):
             read_after=batch.position_before,
         )
 
-        def done() -> None:
-            self.observer.batch_committed(batch, self.clock.monotonic() - began)
+        def done(landed: float) -> None:
+            self.observer.batch_committed(batch, landed - began)
             self._acknowledge(rows, batch)
             report.batches += 1
             report.rows += len(batch)

@@ -15,9 +15,35 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import sqlalchemy as sa
+
 from azure_functions_db.core.batch import Change, row_changes
 from azure_functions_db.core.ports import SourceRow
 from azure_functions_db.core.position import Position
+
+def driver_rows(result: sa.CursorResult[Any]) -> Sequence[Sequence[Any]]:
+    """All rows of ``result``: the driver's own rows when SQLAlchemy would convert none of their
+    values, ``Row`` objects otherwise.
+
+    SQLAlchemy's ``Row`` is a second object per row; when no selected column has a result
+    processor (PostgreSQL's ``timestamptz``, ``bigint``, ``text`` through psycopg) its values
+    are the driver's, so the driver's tuples are taken as they are, through the result's own
+    fetch strategy (its buffering and error handling). Any processor (SQLite's text
+    date-times, a ``TypeDecorator``), a tuple filter, or a SQLAlchemy without these internals
+    takes the documented ``Result.all()``.
+    """
+    metadata = result._metadata
+    processors = getattr(metadata, "_processors", None)
+    fetch_all = getattr(result, "_fetchall_impl", None)
+    if (
+        processors is None
+        or fetch_all is None
+        or getattr(metadata, "_tuplefilter", True) is not None
+        or any(processor is not None for processor in processors)
+    ):
+        return result.all()
+    return fetch_all()  # type: ignore[no-any-return]
+
 
 Picker = Callable[[Sequence[Any]], tuple[Any, ...]]
 

@@ -50,7 +50,7 @@ from azure_functions_db.sources._horizon import (
     LagHorizon,
     NoHorizon,
 )
-from azure_functions_db.sources._rows import RowShape
+from azure_functions_db.sources._rows import RowShape, driver_rows
 from azure_functions_db.sources._target import HorizonTarget
 from azure_functions_db.sources.keyset import KeysetQuery, deletion_test, picker
 from azure_functions_db.sources.values import parse_cursor
@@ -459,7 +459,7 @@ class SqlSource:
         )
         parameters = query.parameters(after, horizon.bound, self._params, horizon.until)
         with self._db_errors("fetch"), self.engine.connect() as conn:
-            return conn.execute(statement, parameters).all()
+            return driver_rows(conn.execute(statement, parameters))
 
     def _position(self, cursor: tuple[Any, ...], pk: tuple[Any, ...]) -> Position:
         try:
