@@ -21,6 +21,7 @@ from azure_functions_db.core.batch import Change, row_changes
 from azure_functions_db.core.ports import SourceRow
 from azure_functions_db.core.position import Position
 
+
 def driver_rows(result: sa.CursorResult[Any]) -> Sequence[Sequence[Any]]:
     """All rows of ``result``: the driver's own rows when SQLAlchemy would convert none of their
     values, ``Row`` objects otherwise.
