@@ -42,6 +42,12 @@ def noop_handler(batch: Batch) -> None:
     """The handler of every benchmark: receive the batch, do nothing (no event id is computed)."""
 
 
+def column_handler(batch: Batch) -> None:
+    """Read one column of every row (``note``), as the least a real handler does."""
+    for change in batch:
+        change.data["note"]
+
+
 def event_id_handler(batch: Batch) -> None:
     """Read every change's ``event_id``, as a deduplicating handler would (profile variant)."""
     for change in batch:
@@ -49,7 +55,7 @@ def event_id_handler(batch: Batch) -> None:
 
 
 def poller_config(
-    batch_size: int, *, pipeline: bool = False, checkpoint_every: int | None = None
+    batch_size: int, *, pipeline: bool = True, checkpoint_every: int | None = None
 ) -> PollerConfig:
     return PollerConfig(
         name=POLLER,
@@ -68,7 +74,7 @@ def make_engine(
     handler: Handler = noop_handler,
     horizon: str | None = None,
     *,
-    pipeline: bool = False,
+    pipeline: bool = True,
     checkpoint_every: int | None = None,
 ) -> tuple[Engine, SqlSource]:
     """A fresh source and engine, as a new Functions worker process would build them."""
@@ -95,11 +101,12 @@ def engine_drain(
     handler: Handler = noop_handler,
     horizon: str | None = None,
     *,
-    pipeline: bool = False,
+    pipeline: bool = True,
     checkpoint_every: int | None = None,
 ) -> int:
     """One ``Engine.run`` from an empty state store to the end of the table; the row count
-    (``pipeline=False``: each commit before the next batch is read; ``checkpoint_every``:
+    (``pipeline=True``, the default: each commit in flight while the next batch is read and
+    handled; ``False``: each commit before the next batch is read; ``checkpoint_every``:
     coalesced commits)."""
     engine, source = make_engine(
         db,
@@ -128,6 +135,10 @@ def local_drain(
     batch_size: int,
     handler: Handler = noop_handler,
     horizon: str | None = None,
+    *,
+    pipeline: bool = True,
 ) -> Callable[[], int]:
     """A drain with a fresh local state store, ready for :func:`benchmarks.harness.timed`."""
-    return lambda: engine_drain(db, fresh_local_store(state_dir), batch_size, handler, horizon)
+    return lambda: engine_drain(
+        db, fresh_local_store(state_dir), batch_size, handler, horizon, pipeline=pipeline
+    )

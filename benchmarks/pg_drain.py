@@ -29,7 +29,10 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
+from typing import Any
 
+from azure_functions_db.core.engine import Handler
 from azure_functions_db.core.ports import StateStore
 from benchmarks import engine_runs as runs
 from benchmarks import pg_fixture as pg
@@ -44,6 +47,9 @@ from benchmarks.harness import (
 )
 
 SPEC_TARGET = "SPEC §9: >= 0.70 with Azure state; local state should do better"
+LOCAL_TARGET = "issue 15: local state >= 0.80"
+AZURITE_TARGET = "SPEC §9: >= 0.70 (Azurite, not Azure)"
+AZURE_TARGET = "issue 15: Blob + 10 ms + a handler reading a column >= 0.70"
 #: One-way delay of the ``blob_latency`` drain's proxy, seconds (a round trip costs twice this).
 AZURE_LIKE_DELAY = 0.010
 HORIZON_CALLS = 200
@@ -111,13 +117,31 @@ def horizon_ms(db: pg.OrdersTable, horizon: pg.Horizon) -> tuple[float, str]:
         source.close()
 
 
+@dataclass
+class BlobStores:
+    """``make()`` of fresh ``BlobStateStore``s by drain name (``blob`` straight to Azurite,
+    ``blob_latency`` through the proxy), all counting their HTTP requests in ``counter``."""
+
+    makers: dict[str, Callable[[], StateStore]]
+    counter: Any = None  # azurite_requests.RequestCounter (the SDKs are imported late)
+    requests: dict[str, int] = field(default_factory=dict)  # per drain name, last repetition
+
+    def counted(self, name: str, drain: Callable[[], int]) -> Callable[[], int]:
+        """``drain``, recording the storage requests it sent under ``name``."""
+
+        def run() -> int:
+            self.counter.take()
+            rows = drain()
+            self.requests[name] = sum(self.counter.take().values())
+            return rows
+
+        return run
+
+
 @contextmanager
-def blob_stores(
-    ctx: Context, result: BenchmarkResult
-) -> Iterator[dict[str, Callable[[], StateStore]]]:
-    """``make()`` of fresh ``BlobStateStore``s on a private Azurite, by drain name: ``blob``
-    straight to Azurite, ``blob_latency`` through a :data:`AZURE_LIKE_DELAY` proxy; none, and a
-    note, without Azurite."""
+def blob_stores(ctx: Context, result: BenchmarkResult) -> Iterator[BlobStores]:
+    """Blob state stores on a private Azurite: straight, and through a :data:`AZURE_LIKE_DELAY`
+    proxy; none, and a note, without Azurite."""
     from benchmarks import azurite_requests
 
     stack = ExitStack()
@@ -125,12 +149,13 @@ def blob_stores(
         connection_string = stack.enter_context(azurite_requests.azurite(ctx))
     except BenchmarkSkipped as exc:
         result.note(f"The BlobStateStore drains on Azurite were not measured: {exc}")
-        yield {}
+        yield BlobStores({})
         return
     with stack:
         from azure_functions_db.state.blob import BlobStateStore
         from devkit.latency_proxy import proxied_connection_string
 
+        counter = azurite_requests.RequestCounter()
         proxied = stack.enter_context(
             proxied_connection_string(connection_string, AZURE_LIKE_DELAY)
         )
@@ -140,11 +165,17 @@ def blob_stores(
 
             def make() -> StateStore:
                 container = f"pgbench-{uuid.uuid4().hex[:10]}"
-                return BlobStateStore(settings=settings, container=container)
+                return BlobStateStore(
+                    settings=settings,
+                    container=container,
+                    client_options=counter.client_options("blob"),
+                )
 
             return make
 
-        yield {"blob": maker(connection_string), "blob_latency": maker(proxied)}
+        yield BlobStores(
+            {"blob": maker(connection_string), "blob_latency": maker(proxied)}, counter
+        )
 
 
 #: Rows per checkpoint write of the coalesced drain (``checkpoint_every``).
@@ -155,18 +186,53 @@ def blob_drain(
     db: pg.OrdersTable,
     make: Callable[[], StateStore],
     batch: int,
+    handler: Handler = runs.noop_handler,
     *,
-    pipeline: bool = False,
+    pipeline: bool = True,
     checkpoint_every: int | None = None,
 ) -> int:
     """One engine drain of ``db`` with a fresh Blob state store (a new container) from ``make``
     (``pipeline=False``: every commit waited for before the next batch, the old order)."""
     return runs.engine_drain(
-        db, make(), batch, horizon="auto", pipeline=pipeline, checkpoint_every=checkpoint_every
+        db,
+        make(),
+        batch,
+        handler,
+        horizon="auto",
+        pipeline=pipeline,
+        checkpoint_every=checkpoint_every,
     )
 
 
-def run(ctx: Context) -> BenchmarkResult:  # noqa: PLR0912, PLR0915 - one linear report
+def full_work(
+    db: pg.OrdersTable, state: Path, batch: int, blobs: BlobStores
+) -> dict[str, Callable[[], int]]:
+    """The drains of the N table beyond :func:`plain`'s, by name (``_col``: the handler reads
+    one column of every row; ``_serial``: ``pipeline=False``; ``_coalesced``: one commit per
+    :data:`COALESCE_ROWS` rows)."""
+    column = runs.column_handler
+    work: dict[str, Callable[[], int]] = {
+        "raw_row": lambda: pg.raw_scan(db, batch, "row"),
+        "auto_col": runs.local_drain(db, state, batch, column, "auto"),
+        "auto_serial": runs.local_drain(db, state, batch, horizon="auto", pipeline=False),
+    }
+    variants: dict[str, dict[str, Any]] = {
+        "": {},
+        "_col": {"handler": column},
+        "_serial": {"pipeline": False},
+        "_coalesced": {"checkpoint_every": COALESCE_ROWS},
+        "_coalesced_col": {"handler": column, "checkpoint_every": COALESCE_ROWS},
+    }
+    for store, make in blobs.makers.items():
+        for suffix, options in variants.items():
+            if store == "blob" and suffix not in ("", "_col"):
+                continue
+            drain = partial(blob_drain, db, make, batch, **options)
+            work[f"{store}{suffix}"] = blobs.counted(f"{store}{suffix}", drain)
+    return work
+
+
+def run(ctx: Context) -> BenchmarkResult:  # noqa: PLR0915 - one linear report
     result = BenchmarkResult(name=BENCHMARK.name, title=BENCHMARK.title, tier=BENCHMARK.tier)
     rows = pg.table_rows(ctx)
     small_rows = max(rows // 10, 10)
@@ -189,23 +255,8 @@ def run(ctx: Context) -> BenchmarkResult:  # noqa: PLR0912, PLR0915 - one linear
             }
 
         small, full = Scans(db=small_db), Scans(db=db)
-        with blob_stores(ctx, result) as blob_makers:
-            work = plain(db, "full")
-            work["raw_row"] = lambda: pg.raw_scan(db, batch, "row")
-            for name, make in blob_makers.items():
-                work[name] = partial(blob_drain, db, make, batch, pipeline=name == "blob_latency")
-            if "blob_latency" in blob_makers:
-                work["blob_latency_serial"] = partial(
-                    blob_drain, db, blob_makers["blob_latency"], batch, pipeline=False
-                )
-                work["blob_latency_coalesced"] = partial(
-                    blob_drain,
-                    db,
-                    blob_makers["blob_latency"],
-                    batch,
-                    pipeline=True,
-                    checkpoint_every=COALESCE_ROWS,
-                )
+        with blob_stores(ctx, result) as blobs:
+            work = {**plain(db, "full"), **full_work(db, ctx.workdir / "pg_state_x", batch, blobs)}
             measure(ctx, [(small, plain(small_db, "small")), (full, work)])
         ctx.progress("timing the horizon query")
         auto_ms, method = horizon_ms(db, "auto")
@@ -224,76 +275,66 @@ def run(ctx: Context) -> BenchmarkResult:  # noqa: PLR0912, PLR0915 - one linear
         "table_bytes", "table + indexes on disk", db.total_bytes, "bytes", "pg_total_relation_size"
     )
     delay_ms = AZURE_LIKE_DELAY * 1000
-    labels = {
-        "raw": "A: raw psycopg keyset scan (nested predicate)",
-        "raw_row": "A': raw psycopg keyset scan (row-value predicate)",
-        "core": "B: SQLAlchemy Core keyset scan",
-        "none": 'engine, local state, horizon="none"',
-        "auto": 'engine, local state, horizon="auto"',
-        "blob": 'engine, BlobStateStore on Azurite, horizon="auto"',
-        "blob_latency": f"engine, BlobStateStore on Azurite + {delay_ms:g} ms each way, "
-        '"auto", pipeline=True',
-        "blob_latency_serial": "the same, pipeline=False (each commit before the next batch)",
-        "blob_latency_coalesced": f"the same, pipeline=True, checkpoint_every={COALESCE_ROWS:,}",
-    }
-    for name, label in labels.items():
-        if name in full:
-            timing = full.best(name)
-            result.metric(f"{name}_rps", label, timing.rows_per_second, "rows/s", _detail(timing))
-    cpu_labels = {
-        "raw": "A: raw psycopg (nested)",
-        "raw_row": "A': raw psycopg (row value)",
-        "core": "B: SQLAlchemy Core",
-        "none": 'engine, local, "none"',
-        "auto": 'engine, local, "auto"',
-        "blob": 'engine, Blob on Azurite, "auto"',
-        "blob_latency": f'engine, Blob on Azurite + {delay_ms:g} ms each way, "auto"',
-        "blob_latency_serial": f"engine, Blob + {delay_ms:g} ms each way, pipeline=False",
-        "blob_latency_coalesced": f"engine, Blob + {delay_ms:g} ms, checkpoint_every",
-    }
-    for name, label in cpu_labels.items():
-        if name in full:
-            result.metric(
-                f"{name}_cpu",
-                f"client CPU time, {label}",
-                full.cpu_us_per_row(name),
-                "µs/row",
-                f"least of {ctx.repeats}; client process only",
-            )
-    result.ratio("engine_vs_raw", "engine (none) / raw psycopg", "none_rps", "raw_rps", SPEC_TARGET)
-    result.ratio("auto_vs_raw", "engine (auto) / raw psycopg", "auto_rps", "raw_rps", SPEC_TARGET)
-    if "blob" in full:
-        result.ratio(
-            "blob_vs_raw",
-            "engine (Blob state, auto) / raw psycopg",
-            "blob_rps",
-            "raw_rps",
-            "SPEC §9: >= 0.70 (Azurite, not Azure)",
-        )
-    if "blob_latency" in full:
-        result.ratio(
-            "blob_latency_vs_raw",
-            f"engine (Blob state, Azure-like latency: {delay_ms:g} ms each way) / raw psycopg",
-            "blob_latency_rps",
-            "raw_rps",
-            "SPEC §9: >= 0.70 with Azure state",
-        )
-    if "blob_latency_serial" in full:
-        result.ratio(
-            "blob_latency_serial_vs_raw",
-            f"engine (Blob state, {delay_ms:g} ms each way, pipeline=False) / raw psycopg",
-            "blob_latency_serial_rps",
-            "raw_rps",
+    latency = f"Blob on Azurite + {delay_ms:g} ms each way"
+    col = ", handler reads one column"
+    coalesced = f"checkpoint_every={COALESCE_ROWS:,}"
+    # name: (label, short label for the CPU and request lines, ratio target or None)
+    drains: dict[str, tuple[str, str, str | None]] = {
+        "raw": ("A: raw psycopg keyset scan (nested predicate)", "A: raw psycopg (nested)", None),
+        "raw_row": ("A': raw psycopg keyset scan (row-value predicate)", "A': row value", None),
+        "core": ("B: SQLAlchemy Core keyset scan", "B: SQLAlchemy Core", None),
+        "none": ('engine, local state, horizon="none"', 'engine, local, "none"', SPEC_TARGET),
+        "auto": ('engine, local state, horizon="auto"', 'engine, local, "auto"', SPEC_TARGET),
+        "auto_col": (f'engine, local state, "auto"{col}', f"engine, local{col}", LOCAL_TARGET),
+        "auto_serial": (
+            'engine, local state, "auto", pipeline=False',
+            "engine, local, pipeline=False",
+            "each commit waited for",
+        ),
+        "blob": ('engine, Blob on Azurite, "auto"', "engine, Blob on Azurite", AZURITE_TARGET),
+        "blob_col": (f"engine, Blob on Azurite{col}", f"engine, Blob{col}", AZURITE_TARGET),
+        "blob_latency": (f'engine, {latency}, "auto"', f"engine, {latency}", AZURE_TARGET),
+        "blob_latency_col": (f"engine, {latency}{col}", f"engine, {latency}{col}", AZURE_TARGET),
+        "blob_latency_serial": (
+            f"engine, {latency}, pipeline=False (each commit before the next batch)",
+            f"engine, {latency}, pipeline=False",
             "the commit waited for before each next batch",
+        ),
+        "blob_latency_coalesced": (
+            f"engine, {latency}, {coalesced}",
+            f"engine, {latency}, {coalesced}",
+            AZURE_TARGET,
+        ),
+        "blob_latency_coalesced_col": (
+            f"engine, {latency}, {coalesced}{col}",
+            f"engine, {latency}, {coalesced}{col}",
+            AZURE_TARGET,
+        ),
+    }
+    for name, (label, short, target) in drains.items():
+        if name not in full:
+            continue
+        timing = full.best(name)
+        result.metric(f"{name}_rps", label, timing.rows_per_second, "rows/s", _detail(timing))
+        result.metric(
+            f"{name}_cpu",
+            f"client CPU time, {short}",
+            full.cpu_us_per_row(name),
+            "µs/row",
+            f"least of {ctx.repeats}; client process only",
         )
-        result.ratio(
-            "blob_latency_coalesced_vs_raw",
-            f"engine (Blob state, {delay_ms:g} ms each way, pipelined, one commit per "
-            f"{COALESCE_ROWS:,} rows) / raw psycopg",
-            "blob_latency_coalesced_rps",
-            "raw_rps",
-            "SPEC §9: >= 0.70 with Azure state",
-        )
+        if name in blobs.requests:
+            result.metric(
+                f"{name}_requests",
+                f"storage requests per 1M rows, {short}",
+                blobs.requests[name] / rows * 1e6,
+                "requests",
+                f"{blobs.requests[name]:,} for {rows:,} rows, counted by an azure-core policy",
+            )
+        if target is not None:
+            ratio = "engine_vs_raw" if name == "none" else f"{name}_vs_raw"
+            result.ratio(ratio, f"{label} / raw psycopg", f"{name}_rps", "raw_rps", target)
+    if "blob_latency_serial" in full:
         result.ratio(
             "pipeline_gain",
             "engine Blob + latency, pipelined / not pipelined",
@@ -301,6 +342,13 @@ def run(ctx: Context) -> BenchmarkResult:  # noqa: PLR0912, PLR0915 - one linear
             "blob_latency_serial_rps",
             "what taking the commit off the critical path buys",
         )
+    result.ratio(
+        "local_pipeline_gain",
+        "engine local, pipelined / not pipelined",
+        "auto_rps",
+        "auto_serial_rps",
+        "the fsync'd commit off the critical path",
+    )
     result.ratio(
         "auto_vs_raw_row",
         "engine (auto) / raw psycopg, row value",

@@ -47,7 +47,7 @@ STEPS: tuple[tuple[str, str, str], ...] = (
     ("  query (SqlSource._select: SQLAlchemy + psycopg + DB)", "source", "_select"),
     ("Batch building (Engine._batch)", "engine", "_batch"),
     ("handler call (Engine._call_handler)", "engine", "_call_handler"),
-    ("checkpoint commit (Engine._commit)", "engine", "_commit"),
+    ("commit hand-off (Engine._delivered; waits for the one before)", "engine", "_delivered"),
 )
 
 

@@ -31,12 +31,16 @@ STAGES: tuple[tuple[str, str, str], ...] = (
     ("SqlSource.open (engine, reflection)", "sources/sqlalchemy.py", "open"),
     ("health check (SqlSource.check)", "sources/sqlalchemy.py", "check"),
     ("SqlSource.fetch_changes", "sources/sqlalchemy.py", "fetch_changes"),
-    ("  of which SQLAlchemy execute + .all()", "sqlalchemy/engine/result.py", "all"),
+    ("  of which the query (SqlSource._select)", "sources/sqlalchemy.py", "_select"),
     ("  of which Change/Position building", "sources/_rows.py", "changes"),
     ("    of which Position.__post_init__", "core/position.py", "__post_init__"),
     ("Batch building (Engine._batch, a Change/row)", "core/engine.py", "_batch"),
     ("event_id (lazy; the no-op handler reads none)", "core/batch.py", "event_id"),
-    ("checkpoint commit (Engine._commit)", "core/engine.py", "_commit"),
+    (
+        "commit hand-off (Engine._delivered; the write is on its thread)",
+        "core/engine.py",
+        "_delivered",
+    ),
     ("handler call (Engine._call_handler)", "core/engine.py", "_call_handler"),
 )
 
