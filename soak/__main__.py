@@ -34,8 +34,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--fault-every", type=float, default=4.0, help="mean seconds between faults"
     )
+    parser.add_argument(
+        "--no-sink",
+        action="store_true",
+        help="the poller without its SqlSink: the next batch's handler then runs while the "
+        "previous batch's commit is in flight (the pipelined engine), and (f) is not judged",
+    )
+    parser.add_argument(
+        "--checkpoint-every",
+        type=int,
+        help="with --no-sink: one checkpoint commit per this many rows (coalesced commits)",
+    )
     parser.add_argument("--pg", default=DEFAULT_PG, help="PostgreSQL URI (default %(default)s)")
     args = parser.parse_args(argv)
+    if args.checkpoint_every is not None and not args.no_sink:
+        parser.error("--checkpoint-every needs --no-sink (a sink commits every batch)")
     seed = random.SystemRandom().randrange(1, 10**6) if args.seed == "random" else int(args.seed)
     options = Options(
         seconds=args.seconds,
@@ -47,6 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         writers=args.writers,
         fault_every=args.fault_every,
         pg=args.pg,
+        sink=not args.no_sink,
+        checkpoint_every=args.checkpoint_every,
     )
     soak = Soak(options)
     report = soak.run()

@@ -5,7 +5,9 @@ start of each writer transaction, so late commits land below rows already delive
 lease and checkpoint on Azurite, a 1-second schedule and a 15-second lease (Azure's shortest).
 It writes every batch through a ``SqlSink`` into ``<table>_applied`` in the server's
 ``postgres`` database (one row per delivered version), which the checker judges for
-exactly-once.
+exactly-once. With ``SOAK_SINK=0`` (``python -m soak --no-sink``) it has no sink, so the next
+batch's handler runs while the previous batch's commit is in flight (the pipelined engine), and
+``SOAK_CHECKPOINT_EVERY`` coalesces its commits.
 The handler logs the fence and time it started under, then every (id, version) of the batch, with
 fsync, before it returns; sometimes it works slowly, freezes past its lease or fails. Once the
 driver creates the drain flag it does none of that, so the drain is quick.
@@ -55,36 +57,41 @@ def _position(position: afdb.Position | None) -> list[Any] | None:
     return None if position is None else [*position.cursor, *position.pk]
 
 
-@db.poller(
-    name="soak",
-    schedule="* * * * * *",
-    source=afdb.SqlSource(
-        url="%SOAK_DB_URL%",
-        table=ENV["SOAK_TABLE"],
-        cursor="updated_at",
-        pk="id",
-        horizon="none" if CONTROL else "auto",
-    ),
-    state=afdb.BlobStateStore(container=ENV["SOAK_CONTAINER"]),
-    sink=afdb.SqlSink(url="%SOAK_SINK_URL%", position_table=f"{ENV['SOAK_TABLE']}_positions"),
-    batch_size=100,
-    time_budget=30,
-    lease_duration=LEASE_SECONDS,
-    max_attempts=3,
-    poison="quarantine",
+SINK = ENV.get("SOAK_SINK", "1") == "1"
+CHECKPOINT_EVERY = int(ENV["SOAK_CHECKPOINT_EVERY"]) if ENV.get("SOAK_CHECKPOINT_EVERY") else None
+SOURCE = afdb.SqlSource(
+    url="%SOAK_DB_URL%",
+    table=ENV["SOAK_TABLE"],
+    cursor="updated_at",
+    pk="id",
+    horizon="none" if CONTROL else "auto",
 )
-def on_changes(batch: afdb.Batch, sink: afdb.SqlWriter) -> None:
+OPTIONS: dict[str, Any] = {
+    "name": "soak",
+    "schedule": "* * * * * *",
+    "source": SOURCE,
+    "state": afdb.BlobStateStore(container=ENV["SOAK_CONTAINER"]),
+    "batch_size": 100,
+    "time_budget": 30,
+    "lease_duration": LEASE_SECONDS,
+    "max_attempts": 3,
+    "poison": "quarantine",
+}
+
+
+def _handle(batch: afdb.Batch, sink: afdb.SqlWriter | None) -> None:
     bad = [[c.pk, c.data["version"]] for c in batch if poisoned(c.pk, c.data["version"])]
     if bad:  # always, draining or not: only quarantine gets the poller past these
         EVENTS.write("poison", fence=batch.fence, attempt=batch.attempt, rows=bad)
         raise ValueError(f"soak: planted poison version(s) {bad}")
-    sink.insert(
-        APPLIED,
-        [
-            {"id": c.pk, "version": c.data["version"], "fence": batch.fence, "pid": os.getpid()}
-            for c in batch
-        ],
-    )
+    if sink is not None:
+        sink.insert(
+            APPLIED,
+            [
+                {"id": c.pk, "version": c.data["version"], "fence": batch.fence, "pid": os.getpid()}
+                for c in batch
+            ],
+        )
     started = EVENTS.write("start", fence=batch.fence, attempt=batch.attempt, rows=len(batch))
     if not CALM and not DRAIN.exists():
         draw = _rng.random()
@@ -107,3 +114,19 @@ def on_changes(batch: afdb.Batch, sink: afdb.SqlWriter) -> None:
         after=_position(batch.position_after),
         rows=[[change.pk, change.data["version"]] for change in batch],
     )
+
+
+if SINK:
+
+    @db.poller(
+        **OPTIONS,
+        sink=afdb.SqlSink(url="%SOAK_SINK_URL%", position_table=f"{ENV['SOAK_TABLE']}_positions"),
+    )
+    def on_changes(batch: afdb.Batch, sink: afdb.SqlWriter) -> None:
+        _handle(batch, sink)
+
+else:  # the pipelined engine: the next handler runs while the commit is in flight
+
+    @db.poller(**OPTIONS, checkpoint_every=CHECKPOINT_EVERY)
+    def on_changes_pipelined(batch: afdb.Batch) -> None:
+        _handle(batch, None)

@@ -80,6 +80,8 @@ class Options:
     fault_every: float = 4.0
     drain_timeout: float = 150.0
     pg: str = DEFAULT_PG
+    sink: bool = True  # False: no SqlSink, so the next handler runs while a commit is in flight
+    checkpoint_every: int | None = None  # without a sink: coalesced commits
 
 
 @dataclass(frozen=True)
@@ -234,6 +236,8 @@ class Soak:
             "SOAK_WRITERS": str(self.o.writers),
             "SOAK_CONTROL": "1" if self.o.control else "0",
             "SOAK_CALM": "1" if self.o.calm else "0",
+            "SOAK_SINK": "1" if self.o.sink else "0",
+            "SOAK_CHECKPOINT_EVERY": str(self.o.checkpoint_every or ""),
         }
 
     def spawn(self, args: list[str], log: Path) -> tuple[subprocess.Popen[bytes], IO[bytes]]:
@@ -418,7 +422,8 @@ class Soak:
                 writer.wait()
             monitor.join(timeout=10)
             self.dump_history()
-            self.dump_sink()
+            if self.o.sink:
+                self.dump_sink()
             self.dump_quarantine()
             self.write_meta()
             self.drop_tables()
@@ -544,6 +549,8 @@ class Soak:
             "pollers": self.o.pollers,
             "writers": self.o.writers,
             "fault_every": self.o.fault_every,
+            "sink": self.o.sink,
+            "checkpoint_every": self.o.checkpoint_every,
             "table": self.table,
             "writers_stopped": self.writers_stopped,
             "poller_exits": self.poller_exits,

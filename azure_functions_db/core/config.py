@@ -33,7 +33,7 @@ class PollerConfig:
             ``falling_behind``.
         pipeline: Fetch and handle the next batch while the previous batch's checkpoint commit
             is in flight (at most one, in order; see :mod:`azure_functions_db.core.commits`).
-            ``False`` (the default for now) commits each batch before reading the next.
+            The default; ``False`` commits each batch before reading the next.
         checkpoint_every: Coalesce commits: one checkpoint write per this many rows (several
             batches), instead of one per batch; ``None``: every batch. A crash then delivers up
             to this many rows again. Not with a transactional sink.

@@ -64,7 +64,7 @@ class PollerBlueprint(func.Blueprint):
         poison: Literal["halt", "quarantine"] = "halt",
         bisect: bool = True,
         stall_intervals: int = 5,
-        pipeline: bool = False,
+        pipeline: bool = True,
         checkpoint_every: int | None = None,
         checkpoint_seconds: float | None = None,
         poll_interval: float | None = None,
@@ -106,8 +106,8 @@ class PollerBlueprint(func.Blueprint):
                 parked. ``False`` parks the whole batch.
             pipeline: Read and handle the next batch while the previous batch's checkpoint
                 commit is in flight (at most one, strictly in order; a failed commit ends the
-                run and nothing after it is acknowledged). ``False`` (the default for now)
-                commits each batch before reading the next.
+                run and nothing after it is acknowledged; the default). ``False`` commits each
+                batch before reading the next.
             checkpoint_every: Coalesce checkpoint commits: one write per this many rows
                 (several batches) instead of one per batch; a crash then delivers up to this
                 many rows again. Not with ``sink``.

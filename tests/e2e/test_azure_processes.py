@@ -512,15 +512,30 @@ def _state(pid: int) -> str:
 
 def assert_stale_owner_discarded(story: Frozen) -> Call:
     """The stale owner finished its handler after the resume, wrote nothing, and the new owner
-    redelivered its batch; the checkpoint never moved backwards. Returns the stale call."""
+    redelivered its batch; the checkpoint never moved backwards. Returns the stale call.
+
+    With the commit in flight (``pipeline=True``, the default) the stale owner may also have
+    handed the next batch to the handler while its doomed commit was on its way: that batch is
+    a second duplicate, never a commit. The batch before the stale one was committed before the
+    freeze (the record is unchanged since the takeover: below) and may be reported only once
+    the stale handler returned."""
     poller, events = story.poller, story.events
-    stale = calls(events, story.victim.pid)[-1]
-    assert HOLD_AT in stale.ids
+    victim_calls = calls(events, story.victim.pid)
+    (stale,) = [c for c in victim_calls if HOLD_AT in c.ids]
     assert stale.end is not None
     assert stale.end >= story.resumed_at, "the handler finished after the resume"
-    assert not [
+    later = victim_calls[victim_calls.index(stale) + 1 :]
+    assert len(later) <= 1, later  # one batch ahead of the commit in flight, at most
+    for extra in later:
+        assert extra.before == stale.after, (extra, stale)
+        assert extra.start >= story.resumed_at
+    late = [
         e for e in logs(events, "batch_committed", story.victim.pid) if e["t"] >= story.resumed_at
     ]
+    assert len(late) <= 1, late
+    if late:
+        previous = victim_calls[victim_calls.index(stale) - 1]
+        assert str(late[0]["position"]).endswith(f"pk=({previous.after[0]}))"), late
     # Nothing written at all after the resume: same record, same etag.
     assert story.after.etag == story.before.etag
     assert story.after.checkpoint == story.before.checkpoint
@@ -533,8 +548,10 @@ def assert_stale_owner_discarded(story: Frozen) -> Call:
     first = calls(events, story.taker.pid)[0]
     assert first.ids == stale.ids
     assert first.fence == stale.fence + 1
-    # The stale owner's handler did run to the end, so its batch is the (only) duplicate.
-    assert assert_every_row_delivered(poller, events) == Counter(stale.ids)
+    # The stale owner's handler did run to the end, so its batch is a duplicate, and so is the
+    # batch it handled while the doomed commit was in flight, if any.
+    expected = Counter(stale.ids) + Counter(i for extra in later for i in extra.ids)
+    assert assert_every_row_delivered(poller, events) == expected
     took = logs(events, "lease_acquired", story.taker.pid)[0]
     granted = logs(events, "lease_acquired", story.victim.pid)[0]
     assert took["t"] >= granted["t"] + LEASE - GRANT_SLACK
@@ -562,8 +579,9 @@ def test_case_h_owner_frozen_past_its_lease_counts_it_lost_and_does_not_commit(
     assert not logs(story.events, "commit_rejected", story.victim.pid), "the fence was not needed"
 
 
+@pytest.mark.parametrize("pipeline", ["1", "0"], ids=["pipelined", "serial"])
 def test_case_c_stale_owner_that_believes_it_holds_the_lease_is_rejected_by_the_fence(
-    tmp_path, azurite, azurite_container, azurite_table_name, children
+    tmp_path, azurite, azurite_container, azurite_table_name, children, *, pipeline
 ):
     """Case C, Blob and Table at once: an owner whose clock says no time passed and whose
     heartbeat never ran commits after the new owner fenced the checkpoint: the store rejects it
@@ -571,7 +589,7 @@ def test_case_c_stale_owner_that_believes_it_holds_the_lease_is_rejected_by_the_
     pollers = [
         make_poller(
             tmp_path,
-            f"frozen-c-{store}",
+            f"frozen-c-{store}-{pipeline}",
             azurite,
             azurite_container,
             60,
@@ -579,6 +597,7 @@ def test_case_c_stale_owner_that_believes_it_holds_the_lease_is_rejected_by_the_
             table=azurite_table_name,
             AZP_HOLD_AT=HOLD_AT,
             AZP_HOLD=10,
+            AZP_PIPELINE=pipeline,
         )
         for store in ("blob", "table")
     ]
@@ -589,6 +608,8 @@ def test_case_c_stale_owner_that_believes_it_holds_the_lease_is_rejected_by_the_
     )
     for story in stories:
         stale = assert_stale_owner_discarded(story)
+        if pipeline == "0":
+            assert calls(story.events, story.victim.pid)[-1] == stale, "no batch past the commit"
         (run,) = runs(story.events, story.victim.pid)
         assert run["error"] == "CheckpointConflictError", (story.poller.name, run)
         assert f"fence {stale.fence + 1} > {stale.fence}" in run["message"], run
@@ -724,12 +745,21 @@ def test_case_g_commit_whose_response_is_lost_is_recognised_as_landed(
     assert (stored.checkpoint.stats.batches, stored.checkpoint.stats.rows) == (4, 40)
 
 
+@pytest.mark.parametrize("pipeline", ["1", "0"], ids=["pipelined", "serial"])
 def test_case_g_commit_that_never_left_is_redelivered_not_lost(
-    tmp_path, azurite, azurite_container, children
+    tmp_path, azurite, azurite_container, children, pipeline
 ):
     """Case G, the other outcome: the write never reached the service (no SDK retry). The engine
-    reads back, sees it did not land, ends the run; the next run redelivers that batch."""
-    poller = make_poller(tmp_path, "ambiguous-lost", azurite, azurite_container, 40)
+    reads back, sees it did not land, ends the run; the next run redelivers that batch (and,
+    pipelined, the batch handled while that commit was in flight)."""
+    poller = make_poller(
+        tmp_path,
+        f"ambiguous-lost-{pipeline}",
+        azurite,
+        azurite_container,
+        40,
+        AZP_PIPELINE=pipeline,
+    )
     first = children.cli(poller, "first", "--once", AZP_FAULT="lose_request:2", AZP_SDK_RETRY="off")
     assert children.wait(first) == 1, children.output(first)
     assert logs(poller.events(), "commit_ambiguous_lost")
@@ -741,7 +771,10 @@ def test_case_g_commit_that_never_left_is_redelivered_not_lost(
 
     events = poller.events()
     duplicates = assert_every_row_delivered(poller, events)
-    assert duplicates == Counter(range(11, 21)), "exactly the unacknowledged batch, once more"
+    ahead = [c for c in calls(events, first.pid) if c.before == [20]]  # past the lost commit
+    assert len(ahead) <= (1 if pipeline == "1" else 0), ahead
+    expected = Counter(range(11, 21)) + Counter(i for c in ahead for i in c.ids)
+    assert duplicates == expected, "exactly the unacknowledged batches, once more"
     assert calls(events, second.pid)[0].ids == list(range(11, 21))
     stored = assert_drained(poller)
     assert stored.checkpoint.stats.rows == 40

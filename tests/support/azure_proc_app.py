@@ -212,6 +212,7 @@ def _pk(position: afdb.Position | None) -> list[Any] | None:
     batch_size=int(ENV.get("AZP_BATCH", "10")),
     time_budget=float(ENV.get("AZP_BUDGET", "120")),
     lease_duration=15,
+    pipeline=ENV.get("AZP_PIPELINE", "1") == "1",
 )
 def on_orders(batch: Batch) -> None:
     ids = [c.pk for c in batch]
