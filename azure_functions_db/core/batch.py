@@ -107,6 +107,8 @@ class RowLayout(Protocol):
     @property
     def names(self) -> tuple[str, ...]: ...
     @property
+    def to_dict(self) -> Callable[[Sequence[Any]], dict[str, Any]]: ...
+    @property
     def cursor_of(self) -> Callable[[Sequence[Any]], tuple[Any, ...]]: ...
     @property
     def pk_of(self) -> Callable[[Sequence[Any]], tuple[Any, ...]]: ...
@@ -115,49 +117,34 @@ class RowLayout(Protocol):
 
 
 # The base class's slots, read and written past the properties of ``_RowChange`` below.
-_data_slot, _position_slot = Change.__dict__["data"], Change.__dict__["position"]
-_get_data, _set_data = _data_slot.__get__, _data_slot.__set__
+_position_slot = Change.__dict__["position"]
 _get_position, _set_position = _position_slot.__get__, _position_slot.__set__
+_set_data = Change.__dict__["data"].__set__
 _set_poller = Change.__dict__["poller"].__set__
 
 
 class _RowChange(Change):
-    """A ``Change`` over a driver row, built in three slot writes: its ``data`` dict and its
-    ``position`` are made from the row on first access (then kept), its ``op`` is read from it.
+    """A ``Change`` over a driver row, built in four slot writes: ``data`` at once (one dict
+    display per row, see ``RowLayout.to_dict``; nearly every handler reads it), ``position``
+    from the row on first access (then kept), ``op`` read from the row.
 
-    Until ``data`` is read, the ``data`` slot holds the driver row itself (a ``Row`` or tuple,
-    never a ``dict``), so no slot more is written per row. It is a ``Change`` in every way a
-    caller can see: equal to the plain ``Change`` with the same fields, shown and pickled as
-    one, frozen; ``dataclasses.replace`` returns a plain ``Change``.
+    It is a ``Change`` in every way a caller can see: equal to the plain ``Change`` with the same
+    fields, shown and pickled as one, frozen; ``dataclasses.replace`` returns a plain ``Change``.
     """
 
     __slots__ = ("_layout", "_row")
-    _row: Sequence[Any]  # the driver row, once ``data`` holds its dict
+    _row: Sequence[Any]
     _layout: RowLayout
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Change:  # type: ignore[misc]
         return Change(*args, **kwargs)  # dataclasses.replace(): a plain Change
-
-    def _source_row(self) -> Sequence[Any]:
-        raw = _get_data(self)
-        return self._row if type(raw) is dict else raw
-
-    @property
-    def data(self) -> Mapping[str, Any]:
-        raw = _get_data(self)
-        if type(raw) is dict:
-            return raw
-        value = dict(zip(self._layout.names, raw, strict=False))
-        _set_row(self, raw)  # before the dict replaces the row in the data slot
-        _set_data(self, value)
-        return value
 
     @property
     def position(self) -> Position:
         try:
             return _get_position(self)  # type: ignore[no-any-return]
         except AttributeError:
-            row, layout = self._source_row(), self._layout
+            row, layout = self._row, self._layout
             value = Position.trusted(layout.cursor_of(row), layout.pk_of(row))
             _set_position(self, value)
             return value
@@ -165,7 +152,7 @@ class _RowChange(Change):
     @property
     def op(self) -> Literal["upsert", "delete"]:
         deleted = self._layout.deleted
-        return "delete" if deleted is not None and deleted(self._source_row()) else "upsert"
+        return "delete" if deleted is not None and deleted(self._row) else "upsert"
 
     def __repr__(self) -> str:
         return (
@@ -183,16 +170,18 @@ _set_layout = _RowChange.__dict__["_layout"].__set__
 
 
 def row_changes(rows: Sequence[Sequence[Any]], layout: RowLayout, poller: str) -> list[Change]:
-    """``poller``'s changes over driver ``rows``, each built lazily (see ``_RowChange``).
+    """``poller``'s changes over driver ``rows`` (see ``_RowChange``).
 
     The caller has checked the keys that will be stored (a batch's last position); the
     positions between are built unchecked, as ``Position.trusted`` documents.
     """
     changes: list[Change] = []
     append = changes.append
+    to_dict = layout.to_dict
     for row in rows:
         change = _new(_RowChange)
-        _set_data(change, row)
+        _set_data(change, to_dict(row))
+        _set_row(change, row)
         _set_layout(change, layout)
         _set_poller(change, poller)
         append(change)

@@ -15,7 +15,6 @@ unacknowledged (the next run delivers them again). A run never ends with a commi
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -55,6 +54,8 @@ class CommitPipe:
             run without the pipe).
         log: The run's structured log.
         rejected: Called on the run's thread with a batch whose commit lost compare-and-set.
+        monotonic: The engine clock's ``monotonic``: when batches were held back, when a
+            commit landed.
     """
 
     def __init__(
@@ -66,7 +67,7 @@ class CommitPipe:
         rejected: Callable[[Batch], None],
         every_rows: int | None = None,
         every_seconds: float | None = None,
-        monotonic: Callable[[], float] | None = None,
+        monotonic: Callable[[], float],
     ) -> None:
         self._claim = claim
         self._pipelined = pipelined
@@ -101,7 +102,7 @@ class CommitPipe:
         if self._every_rows is None and self._every_seconds is None:
             self.submit(batch, new, done)
             return
-        now = self._monotonic() if self._monotonic is not None else 0.0
+        now = self._monotonic()
         if not self._held:
             self._held_since = now
         self._held.append(_Pending(batch, new, done, None))
@@ -149,7 +150,7 @@ class CommitPipe:
 
     def _write(self, new: Checkpoint) -> float:
         self._claim.write(new)
-        return self._monotonic() if self._monotonic is not None else time.monotonic()
+        return self._monotonic()
 
     def ensure_held(self) -> None:
         """Raise if the lease is lost. When it was lost while a commit was in flight (the commit

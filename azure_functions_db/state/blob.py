@@ -172,14 +172,13 @@ class BlobStateStore:
         return BlobServiceClient(target.blob_url, credential=target.credential, **options)
 
     def _blob(self, name: str) -> BlobClient:
-        """The client of blob ``name``. A poller's checkpoint and lease blobs are written on
-        every commit and renewal: their clients are made once (building one is a pipeline of
-        its own, about a tenth of a commit's client CPU); quarantine records are not kept."""
-        if not name.endswith((_CHECKPOINT, _LEASE)):
-            return self.container.get_blob_client(name)
+        """The client of blob ``name``; made once for checkpoint and lease blobs (written on
+        every commit and renewal: a new client is a tenth of a commit's client CPU)."""
         client = self._records.get(name)
         if client is None:
-            client = self._records[name] = self.container.get_blob_client(name)
+            client = self.container.get_blob_client(name)
+            if name.endswith((_CHECKPOINT, _LEASE)):
+                self._records[name] = client
         return client
 
     @staticmethod
@@ -314,12 +313,8 @@ class BlobStateStore:
         return sorted(ids)
 
     def write_quarantined_raw(self, key: PollerKey, record_id: str, data: bytes) -> str:
-        """Store ``data`` as quarantine record ``record_id`` of ``key`` unconditionally and
-        return its etag.
-
-        For tests and repair tools only: it plays an out-of-band writer (a bad restore, a bug
-        elsewhere) so a test can check how a corrupt or misplaced record is handled.
-        """
+        """Store ``data`` as quarantine record ``record_id`` of ``key`` unconditionally; its
+        etag. For tests and repair tools only: an out-of-band writer (a bad restore, a bug)."""
         blob = self._blob(self.quarantine_name(key, record_id))
         result = self._in_container(
             lambda: blob.upload_blob(bytes(data), overwrite=True),
