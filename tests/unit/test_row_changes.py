@@ -11,7 +11,7 @@ import pytest
 
 from azure_functions_db.core.batch import Change, event_id, row_changes
 from azure_functions_db.core.position import Position
-from azure_functions_db.sources._rows import RowShape
+from azure_functions_db.sources._rows import RowShape, dict_builder
 from azure_functions_db.sources.keyset import picker
 
 NAMES = ("id", "note", "updated_at", "deleted")
@@ -85,4 +85,23 @@ def test_a_row_change_pickles_and_is_replaced_as_a_plain_change(read_first):
         change.position,
         "other",
         "delete",
+    )
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        ("id",),
+        ("a'b", 'c"d', "e\\f", "x}, 'y': __import__('os'), 'z': {"),
+        ("Ünïcode", "line\nbreak", "with space"),
+        ("dup", "other", "dup"),
+        tuple(f"c{i}" for i in range(300)),
+    ],
+    ids=["one", "quotes-and-injection", "unicode", "repeated", "wide"],
+)
+def test_the_generated_dict_builder_is_dict_of_zip(names):
+    row = tuple(range(len(names)))
+    assert dict_builder(names)(row) == dict(zip(names, row, strict=True))
+    assert RowShape(names, picker([0]), picker([0])).changes([row], "p")[0].data == dict(
+        zip(names, row, strict=True)
     )
