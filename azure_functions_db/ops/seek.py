@@ -42,7 +42,8 @@ def operator_identity() -> str:
     try:
         user = getpass.getuser()
     except (KeyError, OSError):
-        user = f"uid{os.getuid()}"
+        getuid = getattr(os, "getuid", None)  # POSIX only
+        user = f"uid{getuid()}" if getuid is not None else "unknown"
     return f"{user}@{socket.gethostname()}"
 
 

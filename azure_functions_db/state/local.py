@@ -6,14 +6,15 @@ name)::
 
     <root>/<namespace>/<poller>.checkpoint   "afdb-checkpoint etag=<hex>\\n" + record bytes
     <root>/<namespace>/<poller>.lease        JSON: lease_id, owner, expires_at (epoch s), fence
-    <root>/<namespace>/<poller>.lock         empty; ``fcntl.flock`` serialises read-modify-write
+    <root>/<namespace>/<poller>.lock         empty; its lock serialises read-modify-write
     <root>/<namespace>/<poller>.quarantine/<id>.record
                                              a quarantine record, with the checkpoint's header
 
-Every change happens under an exclusive ``flock`` on the poller's lock file and lands with
+Every change happens under an exclusive lock on the poller's lock file (``flock``; ``msvcrt``
+locking on Windows, see ``_files``) and lands with
 temp file + fsync + ``os.replace`` + directory fsync, so a reader sees the old or the new file,
-never half of one, and a crash never leaves a torn record. The kernel drops a dead process's
-``flock``, so a killed process cannot wedge the store; its lease simply expires. Lease expiry is
+never half of one, and a crash never leaves a torn record. The system drops a dead process's
+lock, so a killed process cannot wedge the store; its lease simply expires. Lease expiry is
 decided by the machine's monotonic clock, which cannot step: a wall clock set forward (NTP, an
 operator) must not let a second process take a live lease. Every process using one directory
 must run on the same machine (``flock`` over network file systems is not trusted here). The
@@ -27,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
-import fcntl
 import functools
 import json
 import os
@@ -57,8 +57,11 @@ from azure_functions_db.state import _common
 from azure_functions_db.state._files import (
     fsync_directory,
     list_dir,
+    lock_exclusive,
+    open_lock_file,
     os_errors,
     read_file,
+    unlock,
     write_atomic,
 )
 
@@ -296,18 +299,22 @@ class LocalStateStore:
 
     @contextlib.contextmanager
     def _locked(self, key: PollerKey) -> Iterator[None]:
-        """Hold the poller's exclusive ``flock`` (blocking) for one read-modify-write."""
+        """Hold the poller's exclusive lock (blocking) for one read-modify-write."""
         directory = self._directory(key)
         lock_path = directory / (_encode_name(key.poller, "poller") + _LOCK)
         self._ensure_directory(directory)
         with os_errors("lock", lock_path):
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = open_lock_file(lock_path)
         try:
             with os_errors("lock", lock_path):
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
+                lock_exclusive(fd)
+            try:
+                yield
+            finally:
+                with contextlib.suppress(OSError):
+                    unlock(fd)
         finally:
-            # Closing the descriptor drops the flock (and the kernel does so if we die).
+            # Closing the descriptor drops the lock (and the system does so if we die).
             os.close(fd)
 
     def _ensure_directory(self, directory: Path) -> None:
