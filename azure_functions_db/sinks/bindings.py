@@ -39,11 +39,11 @@ class EngineProvider:
         """The engine for ``template`` (``%SETTING%`` resolved from ``settings``), its masked
         URL, and a function that removes the URL's secrets from a text."""
         owner = "a SqlInput/SqlOutput binding"
-        text = urls.resolve_settings(template, settings, owner)
+        url = urls.resolve_url(template, settings, owner)
+        text = url.render_as_string(hide_password=False)
         with self._lock:
             made = self._engines.get(text)
             if made is None:
-                url = urls.parse_url(text, owner)
                 masked, secrets = urls.render_masked(url), urls.url_secrets(url)
                 made = (engines.create(url, {}, masked, _scrubber(secrets)), masked, secrets)
                 self._engines[text] = made

@@ -52,8 +52,10 @@ class SqlSink:
     ``insert``/``upsert``/``delete``/``apply``/``execute`` run in the batch's transaction.
 
     Args:
-        url: SQLAlchemy URL of the target database; ``%SETTING%`` reads (part of) it from an
-            app setting when the sink opens, at the first run (never at import).
+        url: SQLAlchemy URL of the target database (text or ``sqlalchemy.URL``); ``%SETTING%``
+            reads (part of) it from an app setting when the sink opens, at the first run (never
+            at import), each value going into its own part of the URL as it is.
+        connection: Instead of ``url``: the name of the app setting holding the whole URL.
         position_table: Name of the position table (created on first use).
         schema: Schema of the position table, and of the tables the writer names without one
             (default: the connection's).
@@ -63,26 +65,25 @@ class SqlSink:
 
     def __init__(
         self,
-        url: str,
+        url: str | sa.URL | None = None,
         *,
+        connection: str | None = None,
         position_table: str = "afdb_positions",
         schema: str | None = None,
         engine_options: Mapping[str, Any] | None = None,
         connect_timeout: float = 10.0,
     ) -> None:
-        if not isinstance(url, str):
-            raise ConfigurationError(
-                f"SqlSink: `url` must be a SQLAlchemy URL string, not `{type(url).__name__}`."
-            )
+        template = urls.url_template(url, connection, "SqlSink")
+        self._url: str | sa.URL = template
         self.options = options.build(
             options.SqlSinkOptions,
-            url=url,
+            url=template if isinstance(template, str) else urls.render_masked(template),
             position_table=position_table,
             schema=schema,
             engine_options=engine_options,
             connect_timeout=connect_timeout,
         )
-        self._masked = urls.masked_url(url)
+        self._masked = urls.masked_url(template)
         self._secrets: tuple[str, ...] = ()
         self._engine: sa.Engine | None = None
         self._positions: sa.Table | None = None
@@ -103,7 +104,7 @@ class SqlSink:
             if self._engine is not None:
                 return
             owner = "the SqlSink"
-            url = urls.parse_url(urls.resolve_settings(self.options.url, settings, owner), owner)
+            url = urls.resolve_url(self._url, settings, owner)
             self._masked, self._secrets = urls.render_masked(url), urls.url_secrets(url)
             engine = engines.create(
                 url,

@@ -69,8 +69,12 @@ class SqlSource:
     """Changed rows of ``table``, in ``ORDER BY cursor..., pk...`` keyset batches.
 
     Args:
-        url: SQLAlchemy URL; ``%NAME%`` placeholders (the whole URL or parts of it) are read
-            from app settings in :meth:`open`, never at construction.
+        url: SQLAlchemy URL (text or ``sqlalchemy.URL``); ``%NAME%`` placeholders (the whole
+            URL or parts of it) are read from app settings in :meth:`open`, never at
+            construction, each value going into its own part of the URL as it is (a password
+            may hold ``@ / # % : ?``).
+        connection: Instead of ``url``: the name of the app setting that holds the whole URL
+            (``connection="ORDERS_DB"`` is ``url="%ORDERS_DB%"``).
         table: Table (or view) name. ``schema=`` names its schema.
         cursor: Column(s) that never decrease when a row changes, e.g. ``updated_at``.
         pk: Unique, stable column(s) breaking ties; ``None`` uses the table's primary key.
@@ -104,11 +108,12 @@ class SqlSource:
 
     def __init__(
         self,
-        url: str,
-        table: str,
-        cursor: str | Sequence[str],
+        url: str | sa.URL | None = None,
+        table: str = "",
+        cursor: str | Sequence[str] = (),
         pk: str | Sequence[str] | None = None,
         *,
+        connection: str | None = None,
         schema: str | None = None,
         where: ColumnElement[bool] | TextClause | str | None = None,
         params: Mapping[str, Any] | None = None,
@@ -122,12 +127,7 @@ class SqlSource:
         horizon: HorizonStrategy | Literal["auto", "lag", "none"] | None = None,
         clock: Clock | None = None,
     ) -> None:
-        if not isinstance(url, str) or not url.strip():
-            raise ConfigurationError(
-                f"`url={url!r}` is not a database URL. Pass a SQLAlchemy URL or a setting "
-                'reference such as `url="%ORDERS_DB_URL%"`.'
-            )
-        self._url_template = url
+        self._url_template = urls.url_template(url, connection, "SqlSource")
         self._table_name = config.check_name(table, "table")
         self._schema = None if schema is None else config.check_name(schema, "schema")
         self._qualified = f"{self._schema}.{self._table_name}" if schema else self._table_name
@@ -172,7 +172,7 @@ class SqlSource:
         self._text_times: list[sqlite_times.TextDateTime] = []
         self._engine: sa.Engine | None = None
         self._query: KeysetQuery | None = None
-        self._masked_url = urls.masked_url(url)
+        self._masked_url = urls.masked_url(self._url_template)
         self._secrets: tuple[str, ...] = ()
         self._shape = RowShape((), cursor_of=picker([]), pk_of=picker([]))
         self._description: SourceDescription | None = None
@@ -224,7 +224,7 @@ class SqlSource:
         if self._query is not None:
             return
         owner = f"the source of table `{self._qualified}`"
-        url = urls.parse_url(urls.resolve_settings(self._url_template, settings, owner), owner)
+        url = urls.resolve_url(self._url_template, settings, owner)
         self._masked_url = urls.render_masked(url)
         self._secrets = urls.url_secrets(url)
         engine = self._create_engine(url)

@@ -28,6 +28,90 @@ def resolve_settings(template: str, settings: Mapping[str, str], where: str) -> 
     return PLACEHOLDER.sub(replace, template)
 
 
+_SETTING_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def url_template(url: str | sa.URL | None, connection: str | None, owner: str) -> str | sa.URL:
+    """The database URL an owner was given: ``url=`` (text with ``%NAME%`` placeholders, or a
+    ``sqlalchemy.URL``) or ``connection=`` (the name of a setting holding the whole URL), not
+    both. Raises ``ConfigurationError`` naming the bad value and the fix."""
+    if connection is not None:
+        if url is not None:
+            raise ConfigurationError(
+                f"{owner}: pass `url=` or `connection=`, not both (`connection=` names a setting "
+                "that holds the whole URL)."
+            )
+        if not isinstance(connection, str) or not _SETTING_NAME.fullmatch(connection):
+            raise ConfigurationError(
+                f"{owner}: `connection={connection!r}` must be the name of an app setting "
+                'holding the database URL, e.g. `connection="ORDERS_DB"`.'
+            )
+        return f"%{connection}%"
+    if isinstance(url, sa.URL):
+        return url
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigurationError(
+            f"{owner}: `url={url!r}` is not a database URL. Pass a SQLAlchemy URL (text or "
+            '`sqlalchemy.URL`), a setting reference such as `url="%ORDERS_DB_URL%"`, or '
+            '`connection="ORDERS_DB"` (a setting holding the whole URL).'
+        )
+    return url
+
+
+def resolve_url(template: str | sa.URL, settings: Mapping[str, str], what: str) -> sa.URL:
+    """The database URL ``template`` with its ``%NAME%`` settings in place, as a URL object.
+
+    - A ``sqlalchemy.URL`` is taken as it is (its parts are separate already).
+    - A template that is one placeholder alone (``"%ORDERS_DB%"``) names a setting that holds a
+      whole URL, parsed as such (the platform's convention, as the SQL trigger's
+      ``connection_string_setting``).
+    - Otherwise each value goes into the part of the URL its placeholder stands in (driver, user,
+      password, host, database, a query key or value) as that part's own text, never as URL
+      syntax: ``%PW%`` = ``p@ss/w#rd`` stays the password, it does not end the host. A URL that
+      parses only with the values pasted in (a placeholder for the port) is parsed that way.
+
+    ``what`` names the URL's owner in errors, which name settings, never their values.
+    """
+    if isinstance(template, sa.URL):
+        return template
+    text = template.strip()
+    if PLACEHOLDER.fullmatch(text):
+        return parse_url(resolve_settings(text, settings, what), what)
+    names = PLACEHOLDER.findall(text)
+    values = {name: setting_value(settings, name, what) for name in names}
+    tokens = {f"afdbsetting{i}x": name for i, name in enumerate(dict.fromkeys(names))}
+    tokenized = PLACEHOLDER.sub(lambda m: _token_of(tokens, m.group(1)), text)
+    try:
+        url = sa.make_url(tokenized)
+    except (sa_exc.ArgumentError, ValueError):
+        return parse_url(resolve_settings(text, settings, what), what)
+
+    def put(part: str | None) -> str | None:
+        if part is None:
+            return None
+        for token, name in tokens.items():
+            part = part.replace(token, values[name])
+        return part
+
+    query: dict[str, str | tuple[str, ...]] = {}
+    for key, value in url.query.items():
+        items = tuple(put(v) or "" for v in ((value,) if isinstance(value, str) else value))
+        query[put(key) or key] = items[0] if isinstance(value, str) else items
+    resolved = url.set(
+        drivername=put(url.drivername) or url.drivername,
+        username=put(url.username),
+        password=put(url.password if isinstance(url.password, str) else None),
+        host=put(url.host),
+        database=put(url.database),
+        query=query,
+    )
+    return resolved
+
+
+def _token_of(tokens: Mapping[str, str], name: str) -> str:
+    return next(token for token, named in tokens.items() if named == name)
+
+
 def parse_url(text: str, what: str) -> sa.URL:
     """``text`` as a SQLAlchemy URL; the error repeats neither the text nor the parser's words.
 
@@ -90,8 +174,10 @@ def url_secrets(url: sa.URL) -> tuple[str, ...]:
     return tuple(sorted(forms, key=len, reverse=True))
 
 
-def masked_url(template: str) -> str:
+def masked_url(template: str | sa.URL) -> str:
     """``template`` with any literal password masked, placeholders shown as written."""
+    if isinstance(template, sa.URL):
+        return render_masked(template)
     settings = PLACEHOLDER.findall(template)
     tokens = {f"afdbsetting{i}x": f"%{name}%" for i, name in enumerate(settings)}
     text = template

@@ -1,0 +1,79 @@
+"""Secrets inside database URLs are never mangled: ``%NAME%`` values go into their own part of
+the URL, a setting may hold the whole URL (``connection=``), and a ``sqlalchemy.URL`` is taken as
+it is."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+from azure_functions_db.errors import ConfigurationError
+from azure_functions_db.sinks.sql import SqlSink
+from azure_functions_db.sources import SqlSource
+from azure_functions_db.sources.urls import masked_url, resolve_url
+
+NASTY = ["p@ss/w#rd", "a:b?c=d&e", "100%sure", "@/#%:?", "x%PW%y", " spaced ", "ü€"]
+TEMPLATE = "postgresql+psycopg://app:%PW%@db.example.com:5432/orders"
+
+
+@pytest.mark.parametrize("password", NASTY)
+def test_a_password_setting_stays_the_password(password):
+    url = resolve_url(TEMPLATE, {"PW": password}, "test")
+    assert url.password == password
+    assert (url.username, url.host, url.port, url.database) == (
+        "app",
+        "db.example.com",
+        5432,
+        "orders",
+    )
+    # And it survives the round trip through text that a driver or a log would see.
+    assert sa.make_url(url.render_as_string(hide_password=False)).password == password
+
+
+@pytest.mark.parametrize("value", NASTY)
+def test_every_part_takes_its_setting_as_its_own_text(value):
+    template = "postgresql+psycopg://%USER%:%PW%@%HOST%:5432/%DB%?sslmode=%SSL%&application_name=x"
+    settings = {"USER": value, "PW": value, "HOST": "h1", "DB": value, "SSL": value}
+    url = resolve_url(template, settings, "test")
+    assert (url.username, url.password, url.host, url.database) == (value, value, "h1", value)
+    assert url.query == {"sslmode": value, "application_name": "x"}
+
+
+def test_a_placeholder_in_the_port_or_the_driver_is_pasted_in():
+    url = resolve_url(
+        "%DIALECT%://u:%PW%@h:%PORT%/db",
+        {"DIALECT": "postgresql+psycopg", "PW": "pw", "PORT": "6432"},
+        "test",
+    )
+    assert (url.drivername, url.port, url.password) == ("postgresql+psycopg", 6432, "pw")
+
+
+def test_a_setting_with_the_whole_url_is_parsed_as_a_url():
+    text = "mysql+pymysql://root:p%40ss@127.0.0.1:3306/test"
+    url = resolve_url("%ORDERS_DB%", {"ORDERS_DB": text}, "test")
+    assert (url.drivername, url.password, url.host) == ("mysql+pymysql", "p@ss", "127.0.0.1")
+
+
+def test_a_url_object_is_taken_as_it_is():
+    made = sa.URL.create("postgresql+psycopg", "app", "p@ss/w#rd", "db", 5432, "orders")
+    assert resolve_url(made, {}, "test") is made
+    assert "p@ss" not in masked_url(made)
+    assert "p@ss" not in repr(SqlSource(made, table="orders", cursor="updated_at"))
+
+
+def test_a_missing_setting_is_named_and_no_value_is_shown():
+    with pytest.raises(ConfigurationError, match="PW") as caught:
+        resolve_url(TEMPLATE, {"OTHER": "secret-value"}, "the source of table `orders`")
+    assert "secret-value" not in str(caught.value)
+
+
+def test_connection_names_a_setting_and_excludes_url():
+    source = SqlSource(connection="ORDERS_DB", table="orders", cursor="updated_at")
+    assert "%ORDERS_DB%" in repr(source)
+    with pytest.raises(ConfigurationError, match="not both"):
+        SqlSource("sqlite://", connection="ORDERS_DB", table="orders", cursor="updated_at")
+    with pytest.raises(ConfigurationError, match="name of an app setting"):
+        SqlSource(connection="orders db", table="orders", cursor="updated_at")
+    with pytest.raises(ConfigurationError, match="not a database URL"):
+        SqlSource(table="orders", cursor="updated_at")
+    assert "%TARGET_DB%" in repr(SqlSink(connection="TARGET_DB"))
