@@ -17,12 +17,13 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from azure_functions_db.core.checkpoint import Checkpoint, PollerKey, SourceDescription
 from azure_functions_db.core.clock import Clock
 from azure_functions_db.core.lease import LeaseKeeper
-from azure_functions_db.core.ports import LeaseGrant, StateStore
+from azure_functions_db.core.ports import LeaseGrant, Source, StateStore
 from azure_functions_db.errors import (
     CheckpointConflictError,
     FenceBehindCheckpointError,
@@ -173,13 +174,16 @@ class Claimer:
         *,
         check_source: Callable[[SourceDescription | None], None] | None = None,
         on_acquired: Callable[[LeaseGrant], None] | None = None,
+        initial: Callable[[], Checkpoint] | None = None,
     ) -> Iterator[Claim | None]:
         """Acquire, keep alive and fence; yield the :class:`Claim`, or ``None`` when another
         owner holds the lease. The lease is released on the way out, whatever happened.
 
         ``check_source`` sees the stored source description before the fencing write records
         ``source`` (``None`` keeps the stored one); it raises to refuse a change. ``on_acquired``
-        runs right after the grant, before the checkpoint is touched.
+        runs right after the grant, before the checkpoint is touched. ``initial`` makes the record
+        of a poller that has none (by default one at the beginning): called under the lease,
+        and created only if no other owner created one first (``If-None-Match``).
         """
         acquired_at = self.clock.monotonic()
         grant = self._retrying(self.store.acquire, self.key, self.owner, self.duration)
@@ -197,7 +201,7 @@ class Claimer:
         try:
             if on_acquired is not None:
                 on_acquired(grant)
-            checkpoint, etag = self._fence(grant, keeper, source, check_source)
+            checkpoint, etag = self._fence(grant, keeper, source, check_source, initial)
             yield Claim(
                 self.store,
                 grant,
@@ -220,17 +224,21 @@ class Claimer:
         keeper: LeaseKeeper,
         source: SourceDescription | None,
         check_source: Callable[[SourceDescription | None], None] | None,
+        initial: Callable[[], Checkpoint] | None = None,
     ) -> tuple[Checkpoint, str]:
         """Load the checkpoint and rewrite it with our fence, so older owners' writes fail."""
         stored = self._retrying(self.store.read, self.key)
         if stored is None:
-            fresh = Checkpoint(key=self.key, fence=grant.fence, source=source)
+            first = initial() if initial is not None else Checkpoint(key=self.key)
+            fresh = replace(first, fence=grant.fence, source=source)
             try:
                 etag = self.store.create(fresh)
             except RecordExistsError:
                 stored = self._retrying(self.store.read, self.key)
             else:
-                self._log(logging.INFO, "checkpoint_created", fence=grant.fence)
+                self._log(
+                    logging.INFO, "checkpoint_created", fence=grant.fence, position=fresh.position
+                )
                 return fresh, etag
         assert stored is not None
         if check_source is not None:
@@ -243,3 +251,20 @@ class Claimer:
                 self.key.poller, self.key.namespace, grant.fence, exc.stored
             ) from exc
         return claimed, self.store.replace(claimed, stored.etag)
+
+
+def start_now(
+    source: Source, key: PollerKey, clock: Clock, retrying: Retrying, log: LogEvent
+) -> Checkpoint:
+    """The first record of a ``start="now"`` poller: at the newest row below the source's
+    horizon (rows above it, and rows committed later, come after it), the move recorded as a
+    seek. Called under the lease, for a poller that has no record yet."""
+    head = retrying(source.latest, retrying(source.horizon))
+    log(logging.INFO, "start_now", position=head)
+    return Checkpoint(key=key).sought(
+        head,
+        fence=0,
+        by='start="now"',
+        at=clock.now(),
+        reason="a new poller starts after the rows already in the table",
+    )

@@ -44,6 +44,11 @@ class PollerConfig:
             again, under the same lease, until its ``time_budget`` is spent, instead of ending
             (rows arrive within about this long without a per-second timer). ``None``: a run
             ends when it caught up.
+        start: Where a new poller (no checkpoint yet) starts: ``"beginning"`` delivers every row
+            already in the table; ``"now"`` makes its first run record the newest row below the
+            horizon as the checkpoint (created by ``If-None-Match``, so a concurrent first run
+            keeps the one created first) and deliver only rows after it. Ignored once the
+            poller has a checkpoint (``afdb seek`` moves it).
         infra_retries: Bounded retries (with backoff and jitter) of transient database and
             storage errors within a run.
         retry_delay: Base delay of that backoff, in seconds.
@@ -76,6 +81,7 @@ class PollerConfig:
     checkpoint_every: int | None = None
     checkpoint_seconds: float | None = None
     poll_interval: float | None = None
+    start: Literal["beginning", "now"] = "beginning"
 
     def __post_init__(self) -> None:
         _check_name("poller name", self.name)
@@ -111,6 +117,13 @@ class PollerConfig:
                 )
         if self.checkpoint_seconds is not None:
             _check_positive("checkpoint_seconds", self.checkpoint_seconds, "seconds, e.g. 5")
+        if self.start not in ("beginning", "now"):
+            raise ConfigurationError(
+                f'`start={self.start!r}` is not a starting point: use `start="beginning"` (the '
+                'default: a new poller delivers every row already in the table) or `start="now"` '
+                "(its first run records the newest row as the checkpoint and delivers only rows "
+                "that change after it)."
+            )
         if not isinstance(self.pipeline, bool):
             raise ConfigurationError(f"`pipeline={self.pipeline!r}` must be True or False.")
         if self.time_budget <= self.lease_duration / 3:

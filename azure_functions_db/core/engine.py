@@ -17,7 +17,7 @@ from typing import Any
 
 from azure_functions_db.core.batch import Batch, Change
 from azure_functions_db.core.checkpoint import Checkpoint
-from azure_functions_db.core.claim import Claim, Claimer
+from azure_functions_db.core.claim import Claim, Claimer, start_now
 from azure_functions_db.core.clock import Clock
 from azure_functions_db.core.commits import CommitPipe, check_coalescing
 from azure_functions_db.core.config import PollerConfig as PollerConfig  # noqa: PLC0414 - re-export
@@ -164,6 +164,9 @@ class Engine(PoisonRuns, HealthRuns):
             desc,
             check_source=lambda old: check_source_change(old, desc, cfg.key, self._log),
             on_acquired=acquired,
+            initial=None
+            if cfg.start != "now"
+            else lambda: start_now(self.source, cfg.key, self.clock, self._retrying, self._log),
         ) as claim:
             if claim is None:
                 info = self.store.inspect(cfg.key)

@@ -68,6 +68,7 @@ class PollerBlueprint(func.Blueprint):
         checkpoint_every: int | None = None,
         checkpoint_seconds: float | None = None,
         poll_interval: float | None = None,
+        start: Literal["beginning", "now"] = "beginning",
         run_on_startup: bool = False,
         use_monitor: bool | None = None,
         retry: FunctionsRetry | None = None,
@@ -118,6 +119,10 @@ class PollerBlueprint(func.Blueprint):
                 reads again under the same lease until ``time_budget`` is spent, so rows reach
                 the handler within about this long without a per-second timer. Schedule runs a
                 little further apart than ``time_budget``.
+            start: Where a new poller (no checkpoint yet) starts: ``"beginning"`` (the default)
+                delivers every row already in the table; ``"now"`` makes the first run record
+                the newest row as the checkpoint and deliver only what changes after it.
+                Ignored once a checkpoint exists (``afdb seek`` moves it).
             stall_intervals: Schedule intervals without a successful run after which the
                 poller counts as ``stalled`` (and runs in a row with a growing backlog after
                 which it is ``falling_behind``): logged once per change of state, shown by
@@ -167,6 +172,7 @@ class PollerBlueprint(func.Blueprint):
             checkpoint_seconds=checkpoint_seconds,
             poll_interval=poll_interval,
             hold_warning=hold_warning,
+            start=start,
         )
         validate_schedule(schedule, name)
         if retry is not None and not isinstance(retry, FunctionsRetry):

@@ -410,12 +410,18 @@ class _Validation:
             return
         if stored is None:
             self.stored = CheckpointInfo("absent")
+            start = (
+                "records the newest row as the checkpoint and delivers only rows after it "
+                '(`start="now"`)'
+                if cfg.start == "now"
+                else "starts from the beginning and delivers every row already in the table "
+                '(`start="beginning"`; `start="now"` skips them)'
+            )
             self.add(
                 "checkpoint",
                 "ok",
-                f"No checkpoint yet in `{self.store}`: the first run starts from the beginning "
-                f"(or choose the start with `afdb seek {self.app} --poller {cfg.name} --now` or "
-                "`--cursor`).",
+                f"No checkpoint yet in `{self.store}`: the first run {start}. Or choose the start "
+                f"with `afdb seek {self.app} --poller {cfg.name} --now` or `--cursor`.",
             )
             return
         cp = stored.checkpoint
