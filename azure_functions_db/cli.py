@@ -7,6 +7,7 @@ Exit status: 0 success, 1 a run or operation failed, 2 bad usage or configuratio
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import logging
 import os
@@ -27,6 +28,13 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
 INTERRUPTED = "interrupted; batch not acknowledged (it is delivered again on the next run)"
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("afdb")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="afdb",
@@ -42,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "-v", "--verbose", dest="verbose_top", action="count", default=0, help=argparse.SUPPRESS
     )
+    parser.add_argument("--version", action="version", version=f"afdb {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, help_text: str) -> argparse.ArgumentParser:

@@ -100,3 +100,10 @@ def test_the_checker_can_fail():
     ]
     without_command = doc.replace("### afdb seek\n", "### Seek\n")
     assert "no section `### afdb seek`" in missing(without_command)
+
+
+def test_the_version_is_printed(capsys):
+    with pytest.raises(SystemExit) as leaving:
+        build_parser().parse_args(["--version"])
+    assert leaving.value.code == 0
+    assert re.fullmatch(r"afdb \d+\.\d+\.\d+.*\n", capsys.readouterr().out)
