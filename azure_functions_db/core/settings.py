@@ -28,3 +28,10 @@ def setting_value(settings: Mapping[str, str], name: str, where: str) -> str:
     if name not in settings:
         raise SettingNotFoundError(name, where)
     return check_resolved(name, settings[name], where)
+
+
+def setting_name(value: str) -> str | None:
+    """``NAME`` if ``value`` is exactly ``%NAME%``, else ``None``."""
+    if len(value) > 2 and value.startswith("%") and value.endswith("%") and "%" not in value[1:-1]:
+        return value[1:-1]
+    return None

@@ -22,6 +22,7 @@ from azure_functions_db.errors import (
     ConfigurationError,
 )
 from azure_functions_db.functions.retry import FunctionsRetry
+from azure_functions_db.runtime.knobs import knob_settings
 from azure_functions_db.runtime.poller import PollerDefinition, validate_schedule
 
 logger = logging.getLogger(__name__)
@@ -54,20 +55,20 @@ class PollerBlueprint(func.Blueprint):
         name: str,
         schedule: str,
         source: Source,
-        batch_size: int = 1000,
+        batch_size: int | str = 1000,
         state: StateStore | None = None,
         sink: TransactionalSink | None = None,
         namespace: str = "live",
-        time_budget: float = 240.0,
+        time_budget: float | str = 240.0,
         lease_duration: float = 30.0,
-        max_attempts: int = 5,
+        max_attempts: int | str = 5,
         poison: Literal["halt", "quarantine"] = "halt",
         bisect: bool = True,
         stall_intervals: int = 5,
         pipeline: bool = True,
         checkpoint_every: int | None = None,
         checkpoint_seconds: float | None = None,
-        poll_interval: float | None = None,
+        poll_interval: float | str | None = None,
         start: Literal["beginning", "now"] = "beginning",
         run_on_startup: bool = False,
         use_monitor: bool | None = None,
@@ -85,7 +86,11 @@ class PollerBlueprint(func.Blueprint):
             schedule: NCRONTAB with six fields, seconds first (``"*/30 * * * * *"``), or
                 ``"%SETTING%"``.
             source: Where the rows come from, e.g. ``afdb.SqlSource(...)``.
-            batch_size: Rows per handler call.
+            batch_size: Rows per handler call. ``batch_size``, ``time_budget``,
+                ``max_attempts`` and ``poll_interval`` may also be ``"%NAME%"``: read from the app
+                setting NAME when the poller's first run in a process starts (so an app setting
+                change, which restarts the app, tunes it without a redeploy); a bad value fails
+                that run with an error naming the setting and the allowed range.
             state: Where checkpoints and leases live. Default: a local file store
                 (``$AFDB_STATE_DIR`` or ``./.afdb/state``) for ``afdb run``; on Azure pass a
                 shared store.
@@ -157,20 +162,26 @@ class PollerBlueprint(func.Blueprint):
                 "intervals without a successful run before the poller counts as stalled (e.g. "
                 "`stall_intervals=5`)."
             )
+        given = {
+            "batch_size": batch_size,
+            "time_budget": time_budget,
+            "max_attempts": max_attempts,
+            "poll_interval": poll_interval,
+        }
+        knobs = knob_settings(given, name)
+        # A knob read from a setting is checked when it is read; here it has its default.
+        fixed: dict[str, Any] = {k: v for k, v in given.items() if k not in knobs}
         config = PollerConfig(
             name=name,
             namespace=namespace,
-            batch_size=batch_size,
-            time_budget=time_budget,
             lease_duration=lease_duration,
-            max_attempts=max_attempts,
+            **fixed,
             poison=poison,
             bisect=bisect,
             stall_runs=stall_intervals,
             pipeline=pipeline,
             checkpoint_every=checkpoint_every,
             checkpoint_seconds=checkpoint_seconds,
-            poll_interval=poll_interval,
             hold_warning=hold_warning,
             start=start,
         )
@@ -213,6 +224,7 @@ class PollerBlueprint(func.Blueprint):
                 sink=sink,
                 run_on_startup=run_on_startup,
                 use_monitor=use_monitor,
+                knobs=knobs,
             )
             self.pollers[name] = definition
             self._function_names[fname] = name

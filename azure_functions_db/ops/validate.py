@@ -26,6 +26,7 @@ import sqlalchemy as sa
 from azure_functions_db.core.checkpoint import Checkpoint, SourceDescription
 from azure_functions_db.core.ports import Source
 from azure_functions_db.core.position import Position
+from azure_functions_db.core.settings import setting_name
 from azure_functions_db.core.source_change import (
     COLUMNS_CHANGED_NOTE,
     FILTER_CHANGED_NOTE,
@@ -45,7 +46,7 @@ from azure_functions_db.ops.validate_horizon import (
     key_problems,
     lag_refused,
 )
-from azure_functions_db.runtime.poller import PollerDefinition, resolve_schedule, setting_name
+from azure_functions_db.runtime.poller import PollerDefinition, resolve_schedule
 from azure_functions_db.sources import SqlSource
 from azure_functions_db.sources.health import KeysetIndex, keyset_index
 

@@ -23,19 +23,13 @@ from azure_functions_db.core.clock import Clock, SystemClock
 from azure_functions_db.core.engine import Engine, Handler, PollerConfig, RunReport
 from azure_functions_db.core.logs import log_event
 from azure_functions_db.core.ports import Source, StateStore, TransactionalSink
-from azure_functions_db.core.settings import setting_value
+from azure_functions_db.core.settings import setting_name, setting_value
 from azure_functions_db.errors import ConfigurationError
 from azure_functions_db.observers.telemetry import metrics_observer
+from azure_functions_db.runtime.knobs import resolve_knobs
 from azure_functions_db.runtime.settings import AppSettings
 
 logger = logging.getLogger(__name__)
-
-
-def setting_name(value: str) -> str | None:
-    """``NAME`` if ``value`` is exactly ``%NAME%``, else ``None``."""
-    if len(value) > 2 and value.startswith("%") and value.endswith("%") and "%" not in value[1:-1]:
-        return value[1:-1]
-    return None
 
 
 def resolve_schedule(schedule: str, settings: Mapping[str, str], poller: str) -> str:
@@ -133,6 +127,7 @@ class PollerDefinition:
     run_on_startup: bool = False
     use_monitor: bool | None = None
     clock: Clock = field(default_factory=SystemClock)
+    knobs: Mapping[str, str] = field(default_factory=dict)  # knob -> setting name
     _engine: Engine | None = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
@@ -156,7 +151,9 @@ class PollerDefinition:
         with self._lock:
             if self._engine is None:
                 env = os.environ if settings is None else settings
-                config = dataclasses.replace(self.config, stall_after=self.stall_after(env))
+                config = dataclasses.replace(
+                    self.config_for(env), stall_after=self.stall_after(env)
+                )
                 self._engine = Engine(
                     config,
                     self.source,
@@ -168,6 +165,18 @@ class PollerDefinition:
                     sink=self.sink,
                 )
             return self._engine
+
+    def config_for(self, settings: Mapping[str, str]) -> PollerConfig:
+        """The configuration with its knobs read from ``settings`` (``batch_size="%NAME%"``
+        and the like; see :mod:`azure_functions_db.runtime.knobs`)."""
+        values = resolve_knobs(self.knobs, settings, self.name)
+        if not values:
+            return self.config
+        try:
+            return dataclasses.replace(self.config, **values)
+        except ConfigurationError as exc:  # a range that depends on another knob
+            names = ", ".join(f"`{self.knobs[k]}`" for k in values)
+            raise ConfigurationError(f"{exc} (read from the app setting(s) {names})") from None
 
     def stall_after(self, settings: Mapping[str, str]) -> float | None:
         """Seconds without a successful run after which this poller counts as stalled:

@@ -116,7 +116,7 @@ def run_chunk(
     # `event_id` are the same as live polling's for the same row version. A poison batch fails
     # the chunk's task (`halt`): quarantine records are the live poller's, and a rerun resumes.
     config = dataclasses.replace(
-        definition.config,
+        definition.config_for(settings),
         namespace=namespace,
         record=key.poller,
         chunk=f"{run_id}/{index}",

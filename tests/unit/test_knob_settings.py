@@ -1,0 +1,98 @@
+"""Tuning knobs from app settings: ``batch_size="%NAME%"`` (and ``time_budget``,
+``max_attempts``, ``poll_interval``) is read when the poller's engine is made, validated at once,
+and a bad value names the setting and the range."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import azure_functions_db as afdb
+from azure_functions_db.errors import ConfigurationError, SettingNotFoundError
+from tests.support.sqlite_orders import Orders
+
+
+@pytest.fixture
+def orders(tmp_path: Path):
+    table = Orders(tmp_path / "orders.db")
+    table.insert(range(1, 8))
+    yield table
+    table.close()
+
+
+def blueprint(orders: Orders, tmp_path: Path, seen: list[int], **knobs) -> afdb.PollerBlueprint:
+    db = afdb.PollerBlueprint()
+
+    @db.poller(
+        name="tuned",
+        schedule="0 * * * * *",
+        source=afdb.SqlSource(url=orders.url, table="orders", cursor="updated_at", pk="id"),
+        state=afdb.LocalStateStore(tmp_path / "state"),
+        **knobs,
+    )
+    def handler(batch: afdb.Batch) -> None:
+        seen.append(len(batch))
+
+    return db
+
+
+def test_knobs_are_read_from_settings_when_the_run_starts(orders, tmp_path):
+    seen: list[int] = []
+    db = blueprint(
+        orders, tmp_path, seen, batch_size="%TUNED_BATCH%", max_attempts="%TUNED_ATTEMPTS%"
+    )
+    poller = db.pollers["tuned"]
+    assert poller.config.batch_size == 1000  # nothing is read at decoration
+    report = poller.run_once({"TUNED_BATCH": " 3 ", "TUNED_ATTEMPTS": "2"})
+    assert report.rows == 7
+    assert seen == [3, 3, 1]
+    assert poller.engine().config.max_attempts == 2
+
+
+def test_a_missing_knob_setting_is_named(orders, tmp_path):
+    db = blueprint(orders, tmp_path, [], time_budget="%TUNED_BUDGET%")
+    with pytest.raises(SettingNotFoundError, match="TUNED_BUDGET"):
+        db.pollers["tuned"].run_once({})
+
+
+def test_every_bad_knob_is_named_in_one_error_with_its_range(orders, tmp_path):
+    db = blueprint(
+        orders,
+        tmp_path,
+        [],
+        batch_size="%TUNED_BATCH%",
+        time_budget="%TUNED_BUDGET%",
+        max_attempts="%TUNED_ATTEMPTS%",
+        poll_interval="%TUNED_POLL%",
+    )
+    settings = {
+        "TUNED_BATCH": "1.5",
+        "TUNED_BUDGET": "-1",
+        "TUNED_ATTEMPTS": "x",
+        "TUNED_POLL": "1",
+    }
+    with pytest.raises(ConfigurationError) as caught:
+        db.pollers["tuned"].run_once(settings)
+    message = str(caught.value)
+    for needle in (
+        "`batch_size` from setting `TUNED_BATCH` is `1.5`: use a whole number of rows",
+        "`time_budget` from setting `TUNED_BUDGET` is `-1`: use a number of seconds above 0",
+        "`max_attempts` from setting `TUNED_ATTEMPTS` is `x`",
+    ):
+        assert needle in message
+    assert "TUNED_POLL" not in message  # a good one is not blamed
+
+
+def test_a_knob_valid_alone_but_not_with_the_others_names_its_setting(orders, tmp_path):
+    db = blueprint(orders, tmp_path, [], time_budget="%TUNED_BUDGET%", lease_duration=30)
+    with pytest.raises(ConfigurationError, match=r"time_budget=5.*`TUNED_BUDGET`"):
+        db.pollers["tuned"].run_once({"TUNED_BUDGET": "5"})  # a run must outlive a heartbeat
+
+
+@pytest.mark.parametrize("value", ["ten", "%NOT CLOSED", "%A%B%"])
+def test_a_knob_string_that_is_not_one_setting_reference_fails_at_decoration(
+    orders, tmp_path, value
+):
+    with pytest.raises(ConfigurationError, match="neither a number nor an app setting"):
+        blueprint(orders, tmp_path, [], batch_size=value)
