@@ -7,127 +7,27 @@ Exit status: 0 success, 1 a run or operation failed, 2 bad usage or configuratio
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
+import contextlib
 import json
 import logging
-import os
 import signal
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from azure_functions_db.errors import AfdbError, ConfigurationError, HandlerError
+from azure_functions_db.ops.commands import build_parser
+from azure_functions_db.runtime.local_settings import export_settings, read_settings
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
 INTERRUPTED = "interrupted; batch not acknowledged (it is delivered again on the next run)"
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("afdb")
-    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
-        return "(not installed)"
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="afdb",
-        description="azure-functions-db: a polling database trigger for Azure Functions "
-        "(not a native trigger; at-least-once delivery, idempotent handlers).",
-    )
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "-v", "--verbose", action="count", default=0, help="more log output (-vv: debug)"
-    )
-    # Before the command too (`afdb -v run ...`); a separate dest, since the subcommand's
-    # default would overwrite a shared one.
-    parser.add_argument(
-        "-v", "--verbose", dest="verbose_top", action="count", default=0, help=argparse.SUPPRESS
-    )
-    parser.add_argument("--version", action="version", version=f"afdb {_version()}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    def add(name: str, help_text: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=help_text, parents=[common])
-
-    demo = add("demo", "run a sample poller on a local SQLite table")
-    demo.add_argument("--dir", default=".afdb/demo", help="where the demo keeps its files")
-
-    run = add("run", "run an app's pollers locally, without a Functions host")
-    run.add_argument("app", help="function_app.py, its folder, or module[:attr]")
-    run.add_argument("--once", action="store_true", help="one run of each poller, then exit")
-    run.add_argument("--poller", action="append", help="only this poller (repeatable)")
-
-    status = add("status", "show each poller's checkpoint and lease")
-    status.add_argument("app")
-    status.add_argument("--poller", action="append", help="only this poller (repeatable)")
-    status.add_argument("--json", action="store_true", help="stable JSON output for scripts")
-
-    seek = add("seek", "move a poller's checkpoint (under its lease, audited)")
-    seek.add_argument("app")
-    seek.add_argument("--poller", required=True)
-    where = seek.add_mutually_exclusive_group(required=True)
-    where.add_argument("--beginning", action="store_true", help="replay everything")
-    where.add_argument("--now", action="store_true", help="skip to the latest row")
-    where.add_argument(
-        "--cursor", help="restart at the first row with cursor >= this value (ISO time, number)"
-    )
-    seek.add_argument("--reason", default="", help="recorded in the audit")
-    seek.add_argument("--json", action="store_true")
-
-    validate = add(
-        "validate",
-        "check each poller's source, index, horizon, NULL cursors and checkpoint (read-only)",
-    )
-    validate.add_argument("app")
-    validate.add_argument("--poller", action="append", help="only this poller (repeatable)")
-    validate.add_argument("--json", action="store_true", help="stable JSON output for scripts")
-
-    _add_quarantine(add, common)
-
-    backfill = add("backfill", "replay a poller's history on Spark, then hand off to live polling")
-    backfill.add_argument("app")
-    backfill.add_argument("--poller", required=True)
-    backfill.add_argument("--from", dest="start", help="only rows with cursor >= this value")
-    backfill.add_argument("--to", dest="end", help="only rows with cursor < this value")
-    backfill.add_argument("--partitions", type=int, help="most chunks (Spark tasks) to plan")
-    backfill.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
-    backfill.add_argument("--namespace", default="backfill", help="checkpoint namespace")
-    backfill.add_argument("--run-id", help="names the run; rerun with the same id to resume")
-    backfill.add_argument("--json", action="store_true", help="one JSON report for scripts")
-    return parser
-
-
-def _add_quarantine(
-    add: Callable[[str, str], argparse.ArgumentParser], common: argparse.ArgumentParser
-) -> None:
-    quarantine = add("quarantine", "list, show, replay or drop a poller's quarantined batches")
-    actions = quarantine.add_subparsers(dest="action", required=True, metavar="ACTION")
-    for name, text in (
-        ("list", "the poller's quarantined batches, oldest first"),
-        ("show", "one record: its error, history and rows"),
-        ("replay", "deliver a quarantined batch to the handler again (under the lease)"),
-        ("drop", "give up on a quarantined batch (the record and its history stay)"),
-    ):
-        action = actions.add_parser(name, help=text, parents=[common])
-        action.add_argument("app")
-        action.add_argument("--poller", required=True)
-        if name == "list":
-            action.add_argument("--all", action="store_true", help="replayed and dropped too")
-        else:
-            action.add_argument("record", help="the record id (`afdb quarantine list`)")
-        if name in ("replay", "drop"):
-            action.add_argument("--reason", default="", help="recorded in the record's history")
-        if name == "replay":
-            action.add_argument("--again", action="store_true", help="replay a replayed record")
-            action.add_argument("--lossy-ok", action="store_true", help="values kept as text too")
-        action.add_argument("--json", action="store_true", help="stable JSON output for scripts")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -149,6 +49,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "backfill": _backfill,
             "quarantine": _quarantine,
         }[args.command]
+        if args.command != "demo":
+            args.app_settings = export_settings(
+                read_settings(getattr(args, "app", None), args.settings, state=args.state)
+            )
         return handler(args, console)
     except ConfigurationError as exc:
         _stderr().print(f"error: {exc}", style="red")
@@ -158,18 +62,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
 
 
+def _settings(args: argparse.Namespace) -> dict[str, str]:
+    """What ``func start`` would read: local.settings.json (or ``--settings``), then the
+    environment, then ``--state`` (read once per command, before the app is imported)."""
+    made: dict[str, str] | None = getattr(args, "app_settings", None)
+    if made is None:
+        made = read_settings(getattr(args, "app", None), args.settings, state=args.state)
+    return made
+
+
 def _quarantine(args: argparse.Namespace, console: Console) -> int:
     from azure_functions_db.core.quarantine import full_json, summary_json
     from azure_functions_db.ops import quarantine as ops
 
     (definition,) = _select(args.app, [args.poller])
-    settings = dict(os.environ)
+    settings = _settings(args)
+    store = _store_name(definition.store(settings))
+    if not args.json:
+        console.print(f"state: {store}")
     if args.action == "list":
         listed = ops.list_records(definition, settings, every=args.all)
         table = Table(*ops.LIST_COLUMNS, title=f"{args.poller}: quarantined batches")
         for entry in listed:
             table.add_row(*ops.list_row(entry))
-        docs = [summary_json(e.record) if e.record else vars(e) for e in listed]
+        docs = [
+            {**(summary_json(e.record) if e.record else vars(e)), "store": store} for e in listed
+        ]
         _emit(console, args.json, docs, table if listed else f"{args.poller}: nothing quarantined")
         return EXIT_FAILED if any(e.error for e in listed) else EXIT_OK
     if args.action != "replay":
@@ -180,7 +98,7 @@ def _quarantine(args: argparse.Namespace, console: Console) -> int:
             record = ops.drop_record(definition, settings, args.record, reason=args.reason)
             text = f"{record.id}: dropped ({len(record)} row(s) will not be delivered)"
         doc = full_json(record) if args.action == "show" else summary_json(record)
-        _emit(console, args.json, doc, text)
+        _emit(console, args.json, {**doc, "store": store}, text)
         return EXIT_OK
     record, error = ops.replay_record(
         definition,
@@ -193,7 +111,8 @@ def _quarantine(args: argparse.Namespace, console: Console) -> int:
     failure = f"{type(error).__name__}: {error}" if error is not None else None
     if failure is None or args.json:
         done = f"{record.id}: {len(record)} row(s) delivered; the record is replayed"
-        _emit(console, args.json, {**summary_json(record), "replay_error": failure}, done)
+        doc = {**summary_json(record), "replay_error": failure, "store": store}
+        _emit(console, args.json, doc, done)
     else:
         _stderr().print(
             f"failed: {record.id}: the handler raised {failure}; the record stays quarantined "
@@ -201,6 +120,16 @@ def _quarantine(args: argparse.Namespace, console: Console) -> int:
             style="red",
         )
     return EXIT_OK if error is None else EXIT_FAILED
+
+
+def _store_name(store: Any) -> str:
+    """The store a command uses, as ``describe()`` says; a local folder under the current one
+    relative to it (``local:.afdb/state``)."""
+    name = str(store.describe())
+    if name.startswith("local:"):
+        with contextlib.suppress(ValueError):
+            return f"local:{Path(name[6:]).relative_to(Path.cwd())}"
+    return name
 
 
 def _emit(console: Console, as_json: bool, doc: Any, text: Any) -> None:
@@ -272,7 +201,9 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     from azure_functions_db.runtime.runner import RunOutcome, run_one, run_scheduled
 
     pollers = _select(args.app, args.poller)
-    settings = dict(os.environ)
+    settings = _settings(args)
+    for definition in pollers:
+        console.print(f"{definition.name}: state {_store_name(definition.store(settings))}")
 
     def show(outcome: RunOutcome) -> None:
         if outcome.report is not None:
@@ -354,7 +285,7 @@ def _show_handler_error(error: AfdbError, *, verbose: bool) -> None:
 def _status(args: argparse.Namespace, console: Console) -> int:
     from azure_functions_db.ops.status import backfill_statuses, poller_status, status_notes
 
-    settings = dict(os.environ)
+    settings = _settings(args)
     statuses = []
     for definition in _select(args.app, args.poller):
         statuses.append(poller_status(definition, settings))
@@ -404,7 +335,7 @@ def _seek(args: argparse.Namespace, console: Console) -> int:
     from azure_functions_db.ops.seek import SeekTarget, seek
 
     (definition,) = _select(args.app, [args.poller])
-    settings = dict(os.environ)
+    settings = _settings(args)
     cursor = None
     target: SeekTarget = "beginning"
     if args.now:
@@ -413,7 +344,9 @@ def _seek(args: argparse.Namespace, console: Console) -> int:
         target = "cursor"
         definition.source.open(settings)
         cursor = definition.source.parse_cursor(args.cursor)
-    result = seek(definition, settings, target, cursor=cursor, reason=args.reason)
+    result = seek(
+        definition, settings, target, cursor=cursor, reason=args.reason, dry_run=args.dry_run
+    )
     if args.json:
         doc = {
             "poller": result.poller,
@@ -422,11 +355,14 @@ def _seek(args: argparse.Namespace, console: Console) -> int:
             "to": result.to_position.to_json() if result.to_position else None,
             "fence": result.fence,
             "by": result.by,
+            "store": result.store,
+            "dry_run": result.dry_run,
         }
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
+        moved = "would move (dry run, nothing written)" if result.dry_run else "moved"
         console.print(
-            f"{result.poller} ({result.namespace}): moved from "
+            f"{result.poller} ({result.namespace}) in {result.store}: {moved} from "
             f"{result.from_position or '(beginning)'} to {result.to_position or '(beginning)'} "
             f"under fence {result.fence}, by {result.by}"
         )
@@ -446,7 +382,7 @@ def _validate(args: argparse.Namespace, console: Console) -> int:
     if args.verbose + args.verbose_top == 0:
         library.setLevel(logging.ERROR)
     try:
-        results = validate_app(args.app, dict(os.environ), args.poller)
+        results = validate_app(args.app, _settings(args), args.poller)
     finally:
         library.setLevel(previous)
     if args.json:

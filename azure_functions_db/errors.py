@@ -37,11 +37,13 @@ class SettingNotFoundError(ConfigurationError):
     or in the environment of the local runner.
     """
 
-    def __init__(self, setting: str, where: str) -> None:
+    def __init__(self, setting: str, where: str, sources: tuple[str, ...] = ()) -> None:
         self.setting = setting
         self.where = where
+        self.sources = sources
+        read = f" (read: {'; '.join(sources)})" if sources else ""
         super().__init__(
-            f"App setting `{setting}` used by {where} is not defined. Define it in "
+            f"App setting `{setting}` used by {where} is not defined{read}. Define it in "
             "local.settings.json under `Values`, in the Function App's settings, or as an "
             "environment variable for `afdb run`."
         )

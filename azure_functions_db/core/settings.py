@@ -26,7 +26,7 @@ def check_resolved(name: str, value: str, where: str) -> str:
 def setting_value(settings: Mapping[str, str], name: str, where: str) -> str:
     """The value of setting ``name`` used by ``where``; errors name the setting and the fix."""
     if name not in settings:
-        raise SettingNotFoundError(name, where)
+        raise SettingNotFoundError(name, where, getattr(settings, "sources", ()))
     return check_resolved(name, settings[name], where)
 
 

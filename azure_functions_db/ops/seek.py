@@ -35,6 +35,8 @@ class SeekResult:
     to_position: Position | None
     fence: int
     by: str
+    store: str = ""  # the state store written (or, dry run, read): `blob:<account>/<container>`
+    dry_run: bool = False
 
 
 def operator_identity() -> str:
@@ -55,12 +57,14 @@ def seek(
     cursor: tuple[KeyValue, ...] | None = None,
     reason: str = "",
     by: str | None = None,
+    dry_run: bool = False,
 ) -> SeekResult:
     """Move a poller's checkpoint under its lease, by compare-and-set, with an audit record.
 
     ``beginning`` replays everything; ``now`` skips to the latest row currently visible;
     ``cursor`` restarts at the first row whose cursor is ``>= cursor`` (inclusive).
-    Raises :class:`LeaseHeldError` while a run holds the lease.
+    Raises :class:`LeaseHeldError` while a run holds the lease. ``dry_run`` reads the
+    checkpoint and works out the target, and writes nothing.
     """
     by = by or operator_identity()
     store = definition.store(settings)
@@ -76,6 +80,11 @@ def seek(
         if cursor is None:
             raise ValueError("seek to a cursor needs `cursor`")
         to = Position(cursor=cursor, pk=())
+    if dry_run:
+        stored = store.read(cfg.key)
+        current = stored.checkpoint if stored is not None else None
+        before, fence = (current.position, current.fence) if current else (None, 0)
+        return SeekResult(cfg.name, cfg.namespace, before, to, fence, by, store.describe(), True)
     fence, before, _ = move_checkpoint(
         definition, store, to, owner=f"afdb-seek:{by}", by=by, reason=reason
     )
@@ -91,7 +100,7 @@ def seek(
         to_position=to,
         reason=reason or None,
     )
-    return SeekResult(cfg.name, cfg.namespace, before, to, fence, by)
+    return SeekResult(cfg.name, cfg.namespace, before, to, fence, by, store.describe())
 
 
 def move_checkpoint(

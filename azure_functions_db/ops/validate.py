@@ -181,7 +181,7 @@ def validate_app(
     """
     from azure_functions_db.runtime.loader import load_pollers
 
-    env = dict(os.environ if settings is None else settings)
+    env = dict(os.environ) if settings is None else settings  # keeps CommandSettings.sources
     found = load_pollers(app)
     names = list(pollers) if pollers else list(found)
     unknown = [name for name in names if name not in found]

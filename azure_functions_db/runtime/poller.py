@@ -94,9 +94,11 @@ def default_state_store(settings: Mapping[str, str]) -> StateStore:
     :class:`~azure_functions_db.state.blob.BlobStateStore` on the ``AzureWebJobsStorage``
     account, shared by every instance. Elsewhere (``afdb run``, ``afdb demo``, tests): a
     :class:`~azure_functions_db.state.local.LocalStateStore` in ``$AFDB_STATE_DIR`` or
-    ``./.afdb/state``.
+    ``./.afdb/state``. The setting ``AFDB_STATE`` (``local`` or ``azure``; ``afdb --state``)
+    chooses instead.
     """
-    if under_functions_host(settings):
+    chosen = AppSettings.read(settings).state
+    if chosen == "azure" or (chosen is None and under_functions_host(settings)):
         try:
             from azure_functions_db.state.blob import BlobStateStore
         except ImportError as exc:
@@ -190,6 +192,6 @@ class PollerDefinition:
 
     def run_once(self, settings: Mapping[str, str] | None = None) -> RunReport:
         """One run with settings from ``settings`` (default: the environment, read now)."""
-        env = dict(os.environ if settings is None else settings)
+        env = dict(os.environ) if settings is None else settings
         log_event(logger, logging.DEBUG, "run_start", poller=self.name)
         return self.engine(env).run(env)

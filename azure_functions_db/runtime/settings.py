@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -25,6 +25,9 @@ STATE_DIR_SETTING = "AFDB_STATE_DIR"
 DEFAULT_STATE_DIR = ".afdb/state"
 #: App setting that turns the automatic OpenTelemetry metrics off.
 METRICS_SETTING = "AFDB_OTEL_METRICS"
+#: Which default state store a poller without ``state=`` uses: ``local`` or ``azure`` (unset:
+#: Azure under a Functions host, local elsewhere). ``afdb --state`` sets it for one command.
+STATE_SETTING = "AFDB_STATE"
 
 _OFF = frozenset({"0", "false", "no", "off"})
 _ON = frozenset({"", "1", "true", "yes", "on"})
@@ -33,6 +36,8 @@ _ON = frozenset({"", "1", "true", "yes", "on"})
 _FIXES = {
     STATE_DIR_SETTING: "set it to a directory path, e.g. `.afdb/state`, or remove it",
     METRICS_SETTING: "use `true` or `false`",
+    STATE_SETTING: "use `local` (a LocalStateStore in AFDB_STATE_DIR) or `azure` (Blob Storage "
+    "on AzureWebJobsStorage), or remove it (Azure under a Functions host, local elsewhere)",
 }
 
 
@@ -42,6 +47,8 @@ class AppSettings(BaseModel):
     Attributes:
         state_dir: Directory of the default local state store (``AFDB_STATE_DIR``; blank or
             unset means ``.afdb/state``).
+        state: The default state store of a poller without ``state=`` (``AFDB_STATE``):
+            ``local``, ``azure``, or ``None`` (Azure under a Functions host, local elsewhere).
         otel_metrics: Whether runs record OpenTelemetry metrics (``AFDB_OTEL_METRICS``; on
             unless ``false``, ``0``, ``no`` or ``off``). An unreadable value keeps them on and
             is logged: a typo in a metrics switch must not stop delivery.
@@ -51,6 +58,14 @@ class AppSettings(BaseModel):
 
     state_dir: Path = Field(default=Path(DEFAULT_STATE_DIR), alias="AFDB_STATE_DIR")
     otel_metrics: bool = Field(default=True, alias="AFDB_OTEL_METRICS")
+    state: Literal["local", "azure"] | None = Field(default=None, alias="AFDB_STATE")
+
+    @field_validator("state", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return value.strip().lower() or None
+        return value
 
     @field_validator("state_dir", mode="before")
     @classmethod

@@ -35,7 +35,9 @@ def commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentPars
 def expected() -> list[tuple[str, str]]:
     """(section, option) pairs the doc must hold; option "" stands for the section itself."""
     parser = build_parser()
-    shared = options(parser)  # also accepted after each command
+    every = [options(sub) for sub in commands(parser).values()]
+    # Options of `afdb` itself, and those every command takes: documented once, up front.
+    shared = options(parser) | set.intersection(*every)
     pairs = {(INTRO, option) for option in shared}
     for name, sub in commands(parser).items():
         pairs.add((name, ""))
