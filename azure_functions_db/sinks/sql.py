@@ -39,7 +39,7 @@ from azure_functions_db.errors import (
 )
 from azure_functions_db.sinks import options
 from azure_functions_db.sinks.writes import SqlWriter, check_transactional, sink_error
-from azure_functions_db.sources import engines, urls
+from azure_functions_db.sources import engines, entra, urls
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +56,8 @@ class SqlSink:
             reads (part of) it from an app setting when the sink opens, at the first run (never
             at import), each value going into its own part of the URL as it is.
         connection: Instead of ``url``: the name of the app setting holding the whole URL.
+        credential: Sign in with Microsoft Entra ID tokens instead of a password, as
+            ``SqlSource(credential=...)``.
         position_table: Name of the position table (created on first use).
         schema: Schema of the position table, and of the tables the writer names without one
             (default: the connection's).
@@ -68,12 +70,14 @@ class SqlSink:
         url: str | sa.URL | None = None,
         *,
         connection: str | None = None,
+        credential: Any = None,
         position_table: str = "afdb_positions",
         schema: str | None = None,
         engine_options: Mapping[str, Any] | None = None,
         connect_timeout: float = 10.0,
     ) -> None:
         template = urls.url_template(url, connection, "SqlSink")
+        self._credential = None if credential is None else entra.check_credential(credential)
         self._url: str | sa.URL = template
         self.options = options.build(
             options.SqlSinkOptions,
@@ -113,6 +117,8 @@ class SqlSink:
                 self._scrub,
                 connect_timeout=self.options.connect_timeout,
             )
+            if self._credential is not None:
+                entra.sign_in_with_tokens(engine, self._credential, self._masked)
             positions = _position_table(self.options.position_table, self.options.db_schema)
             with self._errors("create the position table"):
                 self._create(engine, positions)

@@ -42,7 +42,7 @@ from azure_functions_db.sources import _config as config
 from azure_functions_db.sources import _lag as backlog
 from azure_functions_db.sources import _sqlite_times as sqlite_times
 from azure_functions_db.sources import _zones as zones
-from azure_functions_db.sources import engines, health, urls
+from azure_functions_db.sources import engines, entra, health, urls
 from azure_functions_db.sources._errors import translate
 from azure_functions_db.sources._horizon import (
     AutoHorizon,
@@ -70,11 +70,12 @@ class SqlSource:
 
     Args:
         url: SQLAlchemy URL (text or ``sqlalchemy.URL``); ``%NAME%`` placeholders (the whole
-            URL or parts of it) are read from app settings in :meth:`open`, never at
-            construction, each value going into its own part of the URL as it is (a password
-            may hold ``@ / # % : ?``).
+            URL or parts of it) are read from app settings in :meth:`open`, each value into
+            its own part of the URL as it is (a password may hold ``@ / # % : ?``).
         connection: Instead of ``url``: the name of the app setting that holds the whole URL
             (``connection="ORDERS_DB"`` is ``url="%ORDERS_DB%"``).
+        credential: Entra ID sign-in instead of a password: an ``azure.identity`` credential
+            or ``"default"`` (see :mod:`azure_functions_db.sources.entra`).
         table: Table (or view) name. ``schema=`` names its schema.
         cursor: Column(s) that never decrease when a row changes, e.g. ``updated_at``.
         pk: Unique, stable column(s) breaking ties; ``None`` uses the table's primary key.
@@ -126,8 +127,10 @@ class SqlSource:
         soft_delete: str | None = None,
         horizon: HorizonStrategy | Literal["auto", "lag", "none"] | None = None,
         clock: Clock | None = None,
+        credential: Any = None,
     ) -> None:
         self._url_template = urls.url_template(url, connection, "SqlSource")
+        self._credential = None if credential is None else entra.check_credential(credential)
         self._table_name = config.check_name(table, "table")
         self._schema = None if schema is None else config.check_name(schema, "schema")
         self._qualified = f"{self._schema}.{self._table_name}" if schema else self._table_name
@@ -398,13 +401,16 @@ class SqlSource:
         return self._query
 
     def _create_engine(self, url: sa.URL) -> sa.Engine:
-        return engines.create(
+        engine = engines.create(
             url,
             self._engine_options,
             self._masked_url,
             self._scrub,
             connect_timeout=self._connect_timeout,
         )
+        if self._credential is not None:
+            entra.sign_in_with_tokens(engine, self._credential, self._masked_url)
+        return engine
 
     def _reflect(self, conn: sa.Connection) -> sa.Table:
         try:
