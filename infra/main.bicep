@@ -58,6 +58,17 @@ param maximumInstanceCount int = 40
 @description('Memory of each instance in MB.')
 param instanceMemoryMB int = 2048
 
+@description('Object id of the person (or group) who operates the pollers: Storage Blob and Table Data Contributor on the storage account, so `afdb status`, `afdb seek` and `afdb quarantine --state azure` reach the deployed state with their own Entra sign-in. azd fills it with the signed-in user. Empty: no one.')
+param principalId string = ''
+
+@description('What principalId is: a User, a Group or a ServicePrincipal.')
+@allowed([
+  'User'
+  'Group'
+  'ServicePrincipal'
+])
+param principalType string = 'User'
+
 // -- Names ----------------------------------------------------------------------------------------
 
 // uniqueString() gives 13 lowercase letters and digits, stable for a group and environment.
@@ -88,6 +99,8 @@ var roles = {
   storageQueueDataContributor: '974c5e8b-45b9-4653-ba55-5f855dd0fb88'
   // Tables: afdb.TableStateStore keeps its checkpoints there.
   storageTableDataContributor: '0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3'
+  // The operator's data-plane access to the pollers' state (`afdb status/seek/quarantine`).
+  storageBlobDataContributor: 'ba92f5b4-2d11-453d-a403-e96b0029c9fe'
   // Read secret contents: needed to resolve the Key Vault reference of ORDERS_DB_URL.
   keyVaultSecretsUser: '4633458b-17de-408a-b874-0445c86b69e6'
   // Send telemetry to Application Insights with Microsoft Entra authentication.
@@ -129,6 +142,9 @@ resource appInsights 'Microsoft.Insights/components@2020-02-02' = {
   properties: {
     Application_Type: 'web'
     WorkspaceResourceId: logAnalytics.id
+    // Telemetry only with Microsoft Entra authentication (the identity's Monitoring Metrics
+    // Publisher role); no instrumentation-key ingestion.
+    DisableLocalAuth: true
   }
 }
 
@@ -258,6 +274,28 @@ resource monitoringMetricsPublisher 'Microsoft.Authorization/roleAssignments@202
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.monitoringMetricsPublisher)
     principalId: appIdentity.properties.principalId
     principalType: 'ServicePrincipal'
+  }
+}
+
+// -- Role assignments for the operator (optional) ------------------------------------------------
+
+resource operatorBlobData 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(principalId)) {
+  name: guid(storage.id, principalId, roles.storageBlobDataContributor)
+  scope: storage
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.storageBlobDataContributor)
+    principalId: principalId
+    principalType: principalType
+  }
+}
+
+resource operatorTableData 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(principalId)) {
+  name: guid(storage.id, principalId, roles.storageTableDataContributor)
+  scope: storage
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.storageTableDataContributor)
+    principalId: principalId
+    principalType: principalType
   }
 }
 

@@ -496,14 +496,21 @@ def check_monitoring(infra: Infra) -> None:
     assert expr(settings.get("APPLICATIONINSIGHTS_CONNECTION_STRING")) == (
         f"{components}.properties.ConnectionString"
     ), "APPLICATIONINSIGHTS_CONNECTION_STRING must be the connection string of Application Insights"
+    assert infra.props(components).get("DisableLocalAuth") is True, (
+        "Application Insights must set DisableLocalAuth: true (Entra-authenticated telemetry only)"
+    )
 
 
 def check_role_assignments(infra: Infra) -> None:
     """Each role once, to the app's identity, at the right resource; the app settings wait."""
     identity, _ = infra.one("Microsoft.ManagedIdentity/userAssignedIdentities")
     found: dict[str, str] = {}
+    operator: dict[str, str] = {}
     for symbol, res in infra.of_type("Microsoft.Authorization/roleAssignments"):
         cfg = res["config"]
+        if "condition" in cfg:  # only the operator's roles are optional
+            operator[check_operator_role(infra, symbol, cfg)] = symbol
+            continue
         props = cfg["properties"]
         assert expr(props["principalId"]) == f"{identity}.properties.principalId", (
             f"role assignment `{symbol}` is not for the app's identity"
@@ -531,6 +538,8 @@ def check_role_assignments(infra: Infra) -> None:
         found[role] = symbol
     missing = sorted(ROLES[r][0] for r in ROLES.keys() - found.keys())
     assert not missing, f"roles not assigned to the app's identity: {missing}"
+    lacking = sorted(OPERATOR_ROLES[r] for r in OPERATOR_ROLES.keys() - operator.keys())
+    assert not lacking, f"roles not given to the operator (principalId): {lacking}"
 
     # The Key Vault role is on the vault that holds the referenced secrets.
     vaults = {
@@ -544,6 +553,37 @@ def check_role_assignments(infra: Infra) -> None:
         depends = set(res["config"].get("dependsOn") or [])
         late = sorted(set(found.values()) - depends)
         assert not late, f"`{symbol}` does not wait for the role assignments {late}"
+
+
+#: The operator's data-plane roles on the storage account (``principalId``), by id.
+OPERATOR_ROLES = {
+    "ba92f5b4-2d11-453d-a403-e96b0029c9fe": "Storage Blob Data Contributor",
+    "0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3": "Storage Table Data Contributor",
+}
+
+
+def check_operator_role(infra: Infra, symbol: str, outer: dict[str, Any]) -> str:
+    """A role for ``principalId`` (the person running afdb against the deployed state): only
+    when it is given, on the storage account, with a stable name. Returns the role id."""
+    condition = outer["condition"]["operator"]
+    assert condition["type"] == "not", f"`{symbol}` must be `if (!empty(principalId))`"
+    test = condition["operands"]["bool_value"]["function"]
+    assert test["type"] == "empty", symbol
+    assert test["parameters"]["item_to_test"] == "principalId", symbol
+    cfg = outer["config"]
+    props = cfg["properties"]
+    assert props["principalId"] == "principalId", f"`{symbol}` is not for principalId"
+    assert props.get("principalType") == "principalType", symbol
+    role = infra.resolve(props["roleDefinitionId"]["function"]["parameters"]["resource_name_1"])
+    assert role in OPERATOR_ROLES, f"`{symbol}` gives the operator an unexpected role `{role}`"
+    scope = cfg.get("scope")
+    assert infra.resources.get(scope, {}).get("type") == "Microsoft.Storage/storageAccounts", (
+        f"`{symbol}` must be scoped to the storage account"
+    )
+    parts = [expr(p) for p in cfg["name"]["function"]["parameters"].values() if p is not None]
+    assert f"{scope}.id" in parts, (symbol, parts)
+    assert "principalId" in parts, (symbol, parts)
+    return str(role)
 
 
 _KEY_VAULT_REFERENCE = re.compile(
@@ -753,6 +793,36 @@ class Mutant:
 
 
 MUTANTS = [
+    Mutant(
+        "app-insights-local-auth",
+        "    DisableLocalAuth: true\n",
+        "",
+        "check_monitoring",
+        "DisableLocalAuth",
+    ),
+    Mutant(
+        "operator-role-unconditional",
+        "resource operatorTableData 'Microsoft.Authorization/roleAssignments@2022-04-01' = if "
+        "(!empty(principalId)) {",
+        "resource operatorTableData 'Microsoft.Authorization/roleAssignments@2022-04-01' = {",
+        "check_role_assignments",
+        "not for the app's identity",
+    ),
+    Mutant(
+        "operator-role-missing",
+        "roles.storageTableDataContributor)\n    principalId: principalId\n",
+        "roles.storageBlobDataContributor)\n    principalId: principalId\n",
+        "check_role_assignments",
+        "roles not given to the operator",
+    ),
+    Mutant(
+        "operator-principal-type-fixed",
+        "    principalId: principalId\n    principalType: principalType\n  }\n}\n\n"
+        "// -- Function app",
+        "    principalId: principalId\n    principalType: 'User'\n  }\n}\n\n// -- Function app",
+        "check_role_assignments",
+        "operatorTableData",
+    ),
     Mutant(
         "listKeys",
         "    AzureWebJobsStorage__credential: 'managedidentity'\n",
