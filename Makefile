@@ -6,6 +6,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# `make demo` needs only the package and its command line (no PySpark, no test tools).
+DEMO_STAMP := $(VENV)/.demo-installed
 # Azurite (the Azure Storage emulator) is pinned to an exact version in tools/azurite/package.json
 # and package-lock.json; the Blob/Table tests start it from there (devkit/azurite.py).
 AZURITE_DIR   := tools/azurite
@@ -28,8 +30,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-demo: $(STAMP) ## Run a sample poller on a local SQLite table with the local state store
+demo: $(DEMO_STAMP) ## Run a sample poller on a local SQLite table with the local state store
 	$(BIN)/afdb demo
+
+$(DEMO_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[cli]'
+	touch $(DEMO_STAMP)
 
 $(AZURITE_STAMP): $(AZURITE_DIR)/package.json $(AZURITE_DIR)/package-lock.json
 	npm ci --prefix $(AZURITE_DIR) --no-audit --no-fund

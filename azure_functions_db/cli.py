@@ -18,8 +18,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
+try:  # the `cli` extra: a Function App does not install it
+    from rich.console import Console
+    from rich.table import Table
+except ImportError:  # pragma: no cover - exercised in a subprocess by the tests
+    _CLI_EXTRA = False
+else:
+    _CLI_EXTRA = True
 
 from azure_functions_db.errors import AfdbError, ConfigurationError, HandlerError
 from azure_functions_db.ops.commands import build_parser
@@ -31,6 +36,11 @@ INTERRUPTED = "interrupted; batch not acknowledged (it is delivered again on the
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if not _CLI_EXTRA:
+        sys.stderr.write(
+            "afdb: the command line needs the `cli` extra (rich): pip install 'afdb[cli]'\n"
+        )
+        return EXIT_USAGE
     args = build_parser().parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose + args.verbose_top, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
