@@ -11,14 +11,9 @@ import pytest
 import azure_functions_db as afdb
 from azure_functions_db.errors import ConfigurationError, SettingNotFoundError
 from tests.support.sqlite_orders import Orders
+from tests.unit.test_blueprint import orders
 
-
-@pytest.fixture
-def orders(tmp_path: Path):
-    table = Orders(tmp_path / "orders.db")
-    table.insert(range(1, 8))
-    yield table
-    table.close()
+__all__ = ["orders"]  # fixture: seven rows
 
 
 def blueprint(orders: Orders, tmp_path: Path, seen: list[int], **knobs) -> afdb.PollerBlueprint:
