@@ -28,6 +28,20 @@ import azure_functions_db as afdb
 
 logger = logging.getLogger("function_app")
 
+# Metrics and traces to Application Insights, when the app has its connection string (set by
+# infra/main.bicep; not set under `func start` unless you add it). The resource takes only Entra
+# sign-in (DisableLocalAuth), so the app's identity sends them. Configuring starts exporters; it
+# opens no connection here.
+if os.environ.get("APPLICATIONINSIGHTS_CONNECTION_STRING"):
+    from azure.identity import ManagedIdentityCredential
+    from azure.monitor.opentelemetry import configure_azure_monitor
+
+    configure_azure_monitor(
+        credential=ManagedIdentityCredential(
+            client_id=os.environ.get("AzureWebJobsStorage__clientId")  # noqa: SIM112 - its name
+        )
+    )
+
 db = afdb.PollerBlueprint()
 
 # The audit table the handler writes. One row per delivered row version: the event_id is the

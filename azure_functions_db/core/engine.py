@@ -25,7 +25,7 @@ from azure_functions_db.core.engine_health import HealthRuns
 from azure_functions_db.core.engine_poison import PoisonRuns, _QuarantineDue
 from azure_functions_db.core.handler import HANDLER_LOOP, check_handler, check_result
 from azure_functions_db.core.logs import log_event
-from azure_functions_db.core.observe import RunObserver, guarded
+from azure_functions_db.core.observe import BatchTiming, RunObserver, guarded
 from azure_functions_db.core.observe import RunReport as RunReport  # noqa: PLC0414 - re-export
 from azure_functions_db.core.ports import (
     AcknowledgingSource,
@@ -238,12 +238,14 @@ class Engine(PoisonRuns, HealthRuns):
                 # two: the commit in flight lands before this batch's sink transaction starts.
                 pipe.settle()
             pipe.ensure_held()
+            called = self.clock.monotonic()
             try:
                 self._call_handler(batch, claim)
             except _QuarantineDue as due:
                 self._set_aside(batch, rows, claim, due, report)
             else:
-                self._delivered(batch, rows, claim, report, batch_start)
+                handled = (called, self.clock.monotonic())
+                self._delivered(batch, rows, claim, report, batch_start, handled=handled)
             if len(changes) < cfg.batch_size:
                 if final and self._at_the_end(claim, report, horizon, started):
                     return
@@ -363,9 +365,11 @@ class Engine(PoisonRuns, HealthRuns):
         claim: Claim,
         report: RunReport,
         began: float,
+        *,
+        handled: tuple[float, float] | None = None,
     ) -> None:
-        """The handler took ``batch``: commit it (in flight while the next batch is read and
-        handled); once it landed, tell the observer and the source, and count it."""
+        """The handler took ``batch`` (during ``handled``): commit it (in flight while the next
+        batch is read and handled); once it landed, tell the observer and source, count it."""
         pipe = self._pipe
         assert pipe is not None, "a batch is delivered only inside a run's loop"
         new = self._advanced(
@@ -376,8 +380,12 @@ class Engine(PoisonRuns, HealthRuns):
             read_after=batch.position_before,
         )
 
+        committing = self.clock.monotonic()
+
         def done(landed: float) -> None:
             self.observer.batch_committed(batch, landed - began)
+            if handled is not None:
+                self.observer.batch_timed(batch, BatchTiming(began, *handled, committing, landed))
             self._acknowledge(rows, batch)
             report.batches += 1
             report.rows += len(batch)

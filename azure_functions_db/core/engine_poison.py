@@ -83,6 +83,8 @@ class PoisonRuns:
             claim: Claim,
             report: RunReport,
             began: float,
+            *,
+            handled: tuple[float, float] | None = None,
         ) -> None: ...
 
         def _log(self, level: int, action: str, **fields: object) -> None: ...

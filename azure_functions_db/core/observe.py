@@ -90,6 +90,19 @@ class RunReport:
     looped: bool = False  # the run held the poller and read its checkpoint (position is known)
 
 
+@dataclass(frozen=True)
+class BatchTiming:
+    """When the steps of one acknowledged batch happened, in the engine clock's ``monotonic``
+    seconds: its start (horizon, fetch), the handler call, its hand-off to the commit and the
+    commit's landing (on the commit thread, so it may fall after the next batch started)."""
+
+    started: float
+    handler_started: float
+    handler_ended: float
+    committing: float
+    landed: float
+
+
 class RunObserver(Protocol):
     """Hears about one engine's runs. Every method is called on the run's thread and must be
     quick: it runs between batches (or after the run), never per row."""
@@ -103,6 +116,11 @@ class RunObserver(Protocol):
 
         ``duration`` is seconds from the start of the batch (horizon, fetch) to the commit.
         """
+        ...
+
+    def batch_timed(self, batch: Batch, timing: BatchTiming) -> None:
+        """When ``batch``'s steps happened (after :meth:`batch_committed`; tracing uses it).
+        Added later than the others: an observer without it is simply not told."""
         ...
 
     def handler_failed(self, batch: Batch, attempt: int) -> None:
@@ -133,6 +151,9 @@ class RunObserver(Protocol):
 
 class NullObserver:
     """The default :class:`RunObserver`: hears everything, does nothing."""
+
+    def batch_timed(self, batch: Batch, timing: BatchTiming) -> None:
+        """Do nothing."""
 
     def lease_acquired(self, poller: str, namespace: str, fence: int) -> None:
         """Do nothing."""
@@ -175,6 +196,16 @@ class _Guarded:
         except Exception as exc:  # noqa: BLE001
             self._failed("batch_committed", exc)
 
+    def batch_timed(self, batch: Batch, timing: BatchTiming) -> None:
+        """Optional: observers written before it need not have it."""
+        timed = getattr(self.inner, "batch_timed", None)
+        if timed is None:
+            return
+        try:
+            timed(batch, timing)
+        except Exception as exc:  # noqa: BLE001
+            self._failed("batch_timed", exc)
+
     def handler_failed(self, batch: Batch, attempt: int) -> None:
         try:
             self.inner.handler_failed(batch, attempt)
@@ -212,6 +243,6 @@ class _Guarded:
         )
 
 
-def guarded(observer: RunObserver | None) -> RunObserver:
+def guarded(observer: RunObserver | None) -> _Guarded | NullObserver:
     """``observer`` wrapped so that its errors are logged, not raised; a no-op for ``None``."""
     return NullObserver() if observer is None else _Guarded(observer)

@@ -26,6 +26,7 @@ from azure_functions_db.core.clock import Clock, SystemClock
 from azure_functions_db.core.logs import log_event
 from azure_functions_db.core.observe import (
     LAG_CAP,
+    BatchTiming,
     RunObserver,
     RunReport,
     cursor_age,
@@ -208,6 +209,9 @@ class OtelMetrics:
         age = self._age(batch.position_after)
         if age is not None:
             self._cursor_age.set(age, attrs)
+
+    def batch_timed(self, batch: Batch, timing: BatchTiming) -> None:
+        """Metrics need no step times (the traces do)."""
 
     def handler_failed(self, batch: Batch, attempt: int) -> None:
         """Count a handler failure."""

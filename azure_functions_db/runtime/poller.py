@@ -26,6 +26,7 @@ from azure_functions_db.core.ports import Source, StateStore, TransactionalSink
 from azure_functions_db.core.settings import setting_name, setting_value
 from azure_functions_db.errors import ConfigurationError
 from azure_functions_db.observers.telemetry import metrics_observer
+from azure_functions_db.observers.tracing import observers, traces_observer
 from azure_functions_db.runtime.knobs import resolve_knobs
 from azure_functions_db.runtime.settings import AppSettings
 
@@ -163,7 +164,10 @@ class PollerDefinition:
                     self.handler,
                     self.clock,
                     owner=default_owner(),
-                    observer=metrics_observer(self.source, env, clock=self.clock),
+                    observer=observers(
+                        metrics_observer(self.source, env, clock=self.clock),
+                        traces_observer(env, clock=self.clock),
+                    ),
                     sink=self.sink,
                 )
             return self._engine

@@ -25,6 +25,8 @@ STATE_DIR_SETTING = "AFDB_STATE_DIR"
 DEFAULT_STATE_DIR = ".afdb/state"
 #: App setting that turns the automatic OpenTelemetry metrics off.
 METRICS_SETTING = "AFDB_OTEL_METRICS"
+#: App setting that turns the automatic OpenTelemetry traces off.
+TRACES_SETTING = "AFDB_OTEL_TRACES"
 #: Which default state store a poller without ``state=`` uses: ``local`` or ``azure`` (unset:
 #: Azure under a Functions host, local elsewhere). ``afdb --state`` sets it for one command.
 STATE_SETTING = "AFDB_STATE"
@@ -36,6 +38,7 @@ _ON = frozenset({"", "1", "true", "yes", "on"})
 _FIXES = {
     STATE_DIR_SETTING: "set it to a directory path, e.g. `.afdb/state`, or remove it",
     METRICS_SETTING: "use `true` or `false`",
+    TRACES_SETTING: "use `true` or `false`",
     STATE_SETTING: "use `local` (a LocalStateStore in AFDB_STATE_DIR) or `azure` (Blob Storage "
     "on AzureWebJobsStorage), or remove it (Azure under a Functions host, local elsewhere)",
 }
@@ -49,6 +52,8 @@ class AppSettings(BaseModel):
             unset means ``.afdb/state``).
         state: The default state store of a poller without ``state=`` (``AFDB_STATE``):
             ``local``, ``azure``, or ``None`` (Azure under a Functions host, local elsewhere).
+        otel_traces: Whether runs write OpenTelemetry traces (``AFDB_OTEL_TRACES``; as
+            ``otel_metrics``).
         otel_metrics: Whether runs record OpenTelemetry metrics (``AFDB_OTEL_METRICS``; on
             unless ``false``, ``0``, ``no`` or ``off``). An unreadable value keeps them on and
             is logged: a typo in a metrics switch must not stop delivery.
@@ -58,6 +63,7 @@ class AppSettings(BaseModel):
 
     state_dir: Path = Field(default=Path(DEFAULT_STATE_DIR), alias="AFDB_STATE_DIR")
     otel_metrics: bool = Field(default=True, alias="AFDB_OTEL_METRICS")
+    otel_traces: bool = Field(default=True, alias="AFDB_OTEL_TRACES")
     state: Literal["local", "azure"] | None = Field(default=None, alias="AFDB_STATE")
 
     @field_validator("state", mode="before")
@@ -74,7 +80,7 @@ class AppSettings(BaseModel):
             return Path(DEFAULT_STATE_DIR)
         return value
 
-    @field_validator("otel_metrics", mode="before")
+    @field_validator("otel_metrics", "otel_traces", mode="before")
     @classmethod
     def _switch(cls, value: Any) -> Any:
         if not isinstance(value, str):
@@ -87,8 +93,8 @@ class AppSettings(BaseModel):
                 logger,
                 logging.WARNING,
                 "metrics_setting_invalid",
-                setting=METRICS_SETTING,
-                note="use true or false; metrics stay on",
+                setting=f"{METRICS_SETTING} or {TRACES_SETTING}",
+                note="use true or false; they stay on",
             )
         return True
 

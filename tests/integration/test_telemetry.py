@@ -31,6 +31,7 @@ from azure_functions_db.observers.telemetry import (
     metrics_observer,
     run_status,
 )
+from azure_functions_db.observers.tracing import FanOut, OtelTraces
 from azure_functions_db.runtime.poller import PollerDefinition
 from azure_functions_db.sources.sqlalchemy import SqlSource
 from azure_functions_db.state.memory import MemoryStateStore
@@ -422,9 +423,15 @@ def test_pollers_get_the_metrics_observer_unless_the_setting_turns_it_off(orders
             clock=clock,
         )
 
-    on = definition().engine({}).observer
-    assert isinstance(getattr(on, "inner", None), OtelMetrics)
-    off = definition().engine({"AFDB_OTEL_METRICS": "false"}).observer
+    both = definition().engine({}).observer
+    inner = getattr(both, "inner", None)
+    assert isinstance(inner, FanOut)
+    assert {type(o.inner) for o in inner._all} == {OtelMetrics, OtelTraces}
+    metrics = definition().engine({"AFDB_OTEL_TRACES": "false"}).observer
+    assert isinstance(getattr(metrics, "inner", None), OtelMetrics)
+    traces = definition().engine({"AFDB_OTEL_METRICS": "false"}).observer
+    assert isinstance(getattr(traces, "inner", None), OtelTraces)
+    off = definition().engine({"AFDB_OTEL_METRICS": "false", "AFDB_OTEL_TRACES": "0"}).observer
     assert isinstance(off, NullObserver)
 
 
