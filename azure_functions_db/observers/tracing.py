@@ -87,6 +87,8 @@ class OtelTraces:
             return now_ns - int((now - monotonic) * 1e9)
 
         status = run_status(report, error)
+        if status == "lease_held":  # another instance runs the poller: nothing to trace
+            return
         attributes: dict[str, Any] = {
             POLLER: report.poller,
             NAMESPACE: report.namespace,

@@ -113,3 +113,11 @@ def test_traces_follow_their_setting_and_fan_out_keeps_metrics(tmp_path, spans):
     e.run({})
     assert seen == [4, 4, 2]  # an observer without batch_timed is still told everything else
     assert len([s for s in exporter.get_finished_spans() if s.name == "afdb.batch"]) == 3
+
+
+def test_a_run_that_finds_the_lease_held_writes_no_trace(tmp_path, spans):
+    provider, exporter = spans
+    e = engine(tmp_path, lambda b: None, provider)
+    assert e.store.acquire(e.config.key, "someone-else", 30) is not None
+    assert e.run({}).status == "lease_held"
+    assert exporter.get_finished_spans() == ()
