@@ -495,6 +495,10 @@ def main(argv: Sequence[str]) -> int:
     if markdown:
         meta = json.loads((folder / "meta.json").read_text())
         command = f"make soak SECONDS={meta['seconds']:g} SEED={meta['seed']}"
+        if meta.get("sink") is False:  # `make soak` has no such switch: the module's command
+            every = meta.get("checkpoint_every")
+            command = f"python -m soak --seconds {meta['seconds']:g} --seed {meta['seed']} "
+            command += "--no-sink" + (f" --checkpoint-every {every}" if every else "")
         sys.stdout.write(report.markdown(command) + "\n")
     else:
         sys.stdout.write(report.summary() + "\n")
