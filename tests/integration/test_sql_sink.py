@@ -159,7 +159,7 @@ def test_the_position_table_compiles_for_sql_server() -> None:
     [
         ({"url": ""}, "`url=''` is not a database URL"),
         ({"url": 5}, "`url=5` is not a database URL"),
-        ({}, "`connection=\"ORDERS_DB\"`"),
+        ({}, '`connection="ORDERS_DB"`'),
         ({"url": "sqlite://", "position_table": "my positions"}, "`position_table='my positions'`"),
         ({"url": "sqlite://", "schema": "a;b"}, "`schema='a;b'` is not a plain SQL name"),
         ({"url": "sqlite://", "engine_options": 3}, "`engine_options=3` must be a mapping"),
