@@ -74,11 +74,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _settings(args: argparse.Namespace) -> dict[str, str]:
     """What ``func start`` would read: local.settings.json (or ``--settings``), then the
-    environment, then ``--state`` (read once per command, before the app is imported)."""
-    made: dict[str, str] | None = getattr(args, "app_settings", None)
-    if made is None:
-        made = read_settings(getattr(args, "app", None), args.settings, state=args.state)
-    return made
+    environment, then ``--state``; read once per command by :func:`main`, before the app is
+    imported."""
+    settings: dict[str, str] = args.app_settings
+    return settings
 
 
 def _quarantine(args: argparse.Namespace, console: Console) -> int:

@@ -103,9 +103,8 @@ class RowShape:
         ]
 
     def changes(self, rows: Sequence[Sequence[Any]], poller: str) -> list[Change]:
-        """``rows`` as ``poller``'s ``Change`` objects, each built lazily on first access (its
-        dict, position and op): a handler that reads a column pays for that, one that reads
-        nothing pays one small object per row."""
+        """``rows`` as ``poller``'s ``Change`` objects: one small object per row with its dict,
+        its position built on first access (see ``core.batch.row_changes``)."""
         if not rows:
             return []
         self._checked(rows)

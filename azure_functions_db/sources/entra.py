@@ -15,7 +15,6 @@ from __future__ import annotations
 import struct
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
@@ -63,20 +62,16 @@ class TokenCache:
     """One credential's token for one scope, fetched on demand and kept until shortly before
     it expires. Thread-safe (connections open on several threads)."""
 
-    def __init__(
-        self, credential: Any, scope: str, *, now: Callable[[], float] | None = None
-    ) -> None:
+    def __init__(self, credential: Any, scope: str) -> None:
         self._credential = credential
         self._scope = scope
-        self._now = now
         self._lock = threading.Lock()
         self._token: str | None = None
         self._expires_on = 0.0
 
     def token(self) -> str:
         with self._lock:
-            now = self._now() if self._now is not None else time.time()
-            if self._token is None or self._expires_on - now <= REFRESH_BEFORE:
+            if self._token is None or self._expires_on - time.time() <= REFRESH_BEFORE:
                 access = self._credential.get_token(self._scope)
                 self._token, self._expires_on = str(access.token), float(access.expires_on)
             return self._token

@@ -9,7 +9,6 @@ import sys
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from azure_functions_db.runtime.local_settings import read_settings
 from azure_functions_db.spark.job import BackfillProgress, backfill
 
 
@@ -76,7 +75,7 @@ def run_backfill_command(args: argparse.Namespace, console: Console, stderr: Con
             namespace=args.namespace,
             run_id=args.run_id,
             progress=show,
-            settings=read_settings(args.app, args.settings, state=args.state),
+            settings=args.app_settings,  # read by cli.main before the app was imported
         )
     if args.json:
         sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
