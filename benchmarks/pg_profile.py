@@ -4,10 +4,11 @@ Builds the PostgreSQL tier's ``orders`` table (``benchmarks/pg_fixture.py``) in 
 then, after one warm-up drain:
 
 1. **Stages, without a profiler.** One drain with a ``perf_counter`` around each step of the
-   engine's loop (the source's ``horizon`` and ``fetch_changes``, and within it the query and
-   the conversion of driver rows into ``Change`` objects; ``Batch`` building; the handler; the
-   checkpoint commit), wrapped on the instances, and ``gc.callbacks`` timing every garbage
-   collection. The wrappers cost about a microsecond per call, i.e. per batch, not per row.
+   engine's loop (the source's ``horizon``; the read, and within it the conversion of driver
+   rows into ``Change`` objects; ``Batch`` building; the handler; the checkpoint commit) and
+   the query (on the read-ahead thread while the run goes on), wrapped on the instances, and
+   ``gc.callbacks`` timing every garbage collection. The wrappers cost about a microsecond
+   per call, i.e. per batch, not per row.
 2. **cProfile** of one drain: the top functions by own time. cProfile slows Python code far more
    than C code (the driver, the database), so read it for what is called, not for shares.
 3. **The cyclic garbage collector**, timed: drains as they run by default and after
@@ -37,18 +38,22 @@ from benchmarks import engine_runs as runs
 from benchmarks import pg_fixture as pg
 from benchmarks.harness import BenchmarkSkipped, Timing, best_of, timed
 
-#: Steps of the loop timed by :func:`staged_drain`: (label, "source" or "engine", method name).
-#: ``fetch_changes`` includes ``_select`` (the query); the stage table shows both and subtracts.
+#: Steps of the loop timed by :func:`staged_drain`: (label, owner, method name); the owner is
+#: the "source", the "engine" or its "reader". ``read`` includes ``changes_of``; ``select`` runs
+#: on the read-ahead thread for every batch after a full one, overlapping the run's own work.
 STEPS: tuple[tuple[str, str, str], ...] = (
     ("source open (engine, reflection, horizon checks)", "source", "open"),
     ("health check", "source", "check"),
     ("horizon (SqlSource.horizon)", "source", "horizon"),
-    ("fetch (SqlSource.fetch_changes)", "source", "fetch_changes"),
-    ("  query (SqlSource._select: SQLAlchemy + psycopg + DB)", "source", "_select"),
+    ("read (BatchReader.read: waits for the read ahead)", "reader", "read"),
+    ("  rows -> Change (SqlSource.changes_of)", "source", "changes_of"),
     ("Batch building (Engine._batch)", "engine", "_batch"),
     ("handler call (Engine._call_handler)", "engine", "_call_handler"),
     ("commit hand-off (Engine._delivered; waits for the one before)", "engine", "_delivered"),
+    ("query (SqlSource.select; on the read-ahead thread)", "source", "select"),
 )
+#: Steps inside another one or off the run's thread: not added up as the run's own time.
+NOT_ADDED = frozenset({"changes_of", "select"})
 
 
 class GcTimer:
@@ -100,8 +105,9 @@ def staged_drain(
         db, runs.fresh_local_store(state), batch_size, horizon=horizon
     )
     totals: Counter[str] = Counter()
+    owners = {"source": source, "engine": engine, "reader": engine._reader}
     for _, owner, name in STEPS:
-        _wrap(source if owner == "source" else engine, name, totals)
+        _wrap(owners[owner], name, totals)
     collector = GcTimer()
     try:
         with collector.watching():
@@ -123,11 +129,10 @@ def print_stages(seconds: float, totals: Counter[str], collector: GcTimer, rows:
     print(f"Stages of one drain, no profiler ({rows:,} rows, {rows / seconds:,.0f} rows/s):")
     line("whole run (Engine.run)", seconds)
     for label, _, name in STEPS:
+        if name == "select":
+            accounted = sum(totals[name] for _, _, name in STEPS if name not in NOT_ADDED)
+            line("the rest (lease, fence, loop, release)", seconds - accounted)
         line(label, totals[name])
-        if name == "_select":
-            line("  rows -> Change (RowShape.changes)", totals["fetch_changes"] - totals["_select"])
-    accounted = sum(totals[name] for _, _, name in STEPS if name != "_select")
-    line("the rest (lease, fence, loop, release)", seconds - accounted)
     gc_total = sum(collector.seconds.values())
     passes = ", ".join(
         f"gen{g}: {collector.count[g]} in {collector.seconds[g] * 1000:.0f} ms"

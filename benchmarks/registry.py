@@ -10,6 +10,7 @@ from __future__ import annotations
 from benchmarks import (
     azurite_requests,
     pg_drain,
+    pg_remote,
     spark_backfill,
     sqlite_flatness,
     sqlite_idle,
@@ -27,6 +28,7 @@ ALL: tuple[Benchmark, ...] = (
     sqlite_memory.BENCHMARK,
     azurite_requests.BENCHMARK,
     pg_drain.BENCHMARK,
+    pg_remote.BENCHMARK,
     spark_backfill.BENCHMARK,
 )
 

@@ -169,8 +169,11 @@ _set_row = _RowChange.__dict__["_row"].__set__
 _set_layout = _RowChange.__dict__["_layout"].__set__
 
 
-def row_changes(rows: Sequence[Sequence[Any]], layout: RowLayout, poller: str) -> list[Change]:
-    """``poller``'s changes over driver ``rows`` (see ``_RowChange``).
+def row_changes(
+    rows: Sequence[Sequence[Any]], layout: RowLayout, poller: str, last: Position | None = None
+) -> list[Change]:
+    """``poller``'s changes over driver ``rows`` (see ``_RowChange``); ``last``, when given, is
+    the last row's position, the very object (a read ahead is matched to it by identity).
 
     The caller has checked the keys that will be stored (a batch's last position); the
     positions between are built unchecked, as ``Position.trusted`` documents.
@@ -185,6 +188,8 @@ def row_changes(rows: Sequence[Sequence[Any]], layout: RowLayout, poller: str) -
         _set_layout(change, layout)
         _set_poller(change, poller)
         append(change)
+    if last is not None and changes:
+        _set_position(changes[-1], last)
     return changes
 
 

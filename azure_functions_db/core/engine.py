@@ -30,7 +30,6 @@ from azure_functions_db.core.observe import RunReport as RunReport  # noqa: PLC0
 from azure_functions_db.core.ports import (
     AcknowledgingSource,
     BacklogSource,
-    ChangeSource,
     Horizon,
     LeaseGrant,
     Source,
@@ -40,6 +39,7 @@ from azure_functions_db.core.ports import (
     ZonedSource,
 )
 from azure_functions_db.core.position import Position
+from azure_functions_db.core.reader import BatchReader
 from azure_functions_db.core.retry import Retrying
 from azure_functions_db.core.sink_catch_up import catch_up_with_sink
 from azure_functions_db.core.source_change import check_source_change
@@ -105,11 +105,7 @@ class Engine(PoisonRuns, HealthRuns):
         self.observer = guarded(observer)
         # A runtime-checkable Protocol costs two attribute scans per isinstance: decide once.
         self._acknowledger = source if isinstance(source, AcknowledgingSource) else None
-        # A source that builds the Change objects saves one object per row; an acknowledging
-        # source is handed back the rows it returned, so it is read with fetch.
-        self._change_source = (
-            source if isinstance(source, ChangeSource) and self._acknowledger is None else None
-        )
+        self._reader = BatchReader(config, source, self._retrying, self._log)
         self._backlog = source if isinstance(source, BacklogSource) else None
         self._pipe: CommitPipe | None = None  # the commits of the run in progress
         self._zone = source.cursor_timezone if isinstance(source, ZonedSource) else dt.UTC
@@ -202,6 +198,7 @@ class Engine(PoisonRuns, HealthRuns):
             self._batches(claim, started, report)
             failing = False
         finally:
+            self._reader.close()
             self._pipe.close(failing=failing)
             self._pipe = None
 
@@ -225,7 +222,7 @@ class Engine(PoisonRuns, HealthRuns):
             if horizon is None:
                 horizon, fresh = self._retrying(self.source.horizon), True
             # Read after the position the commit in flight (if any) moves the record to.
-            changes, rows = self._retrying(self._fetch, pipe.checkpoint.position, horizon)
+            changes, rows = self._reader.read(pipe.checkpoint.position, horizon)
             final = fresh or horizon.bound is None
             if not changes:
                 if final and self._at_the_end(claim, report, horizon, started):
@@ -252,17 +249,6 @@ class Engine(PoisonRuns, HealthRuns):
                 horizon = None
             else:
                 fresh = False
-
-    def _fetch(
-        self, after: Position | None, horizon: Horizon
-    ) -> tuple[Sequence[Change], Sequence[SourceRow]]:
-        """The next batch as the handler's changes, and the source's own rows (none when the
-        source built the changes itself)."""
-        limit, name = self.config.batch_size, self.config.name
-        if self._change_source is not None:
-            return self._change_source.fetch_changes(after, limit, horizon, name), ()
-        rows = self.source.fetch(after, limit, horizon)
-        return [Change(r.data, r.position, name, r.op) for r in rows], rows
 
     def _batch(self, cp: Checkpoint, fence: int, changes: Sequence[Change]) -> Batch:
         return Batch(

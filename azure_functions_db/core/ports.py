@@ -4,7 +4,8 @@ Every adapter of a port must pass that port's contract suite in :mod:`azure_func
 unchanged; an adapter that behaves differently from the contract is a bug, fakes included.
 
 - :class:`Source`: reads changed rows of one table in keyset order (optionally as the
-  handler's changes: :class:`ChangeSource`).
+  handler's changes: :class:`ChangeSource`; the next batch read ahead on a worker thread:
+  :class:`~azure_functions_db.core.reader.ReadAheadSource`).
 - :class:`CheckpointStore`: one versioned record per poller, written only by compare-and-set.
 - :class:`LeaseManager`: one exclusive, expiring lease per poller with a fencing counter.
 - :class:`StateStore`: both of the above, in one place (Blob, Table, local file, memory).

@@ -254,3 +254,20 @@ def _no_safe_method(target: HorizonTarget, dialect: str) -> str:
         f"no commit-safe horizon for cursor `{column.name}` ({column.type}) on {dialect}; fix: "
         f"{fix}, or set `lag=` longer than your longest write transaction"
     )
+
+
+def horizon_strategy(horizon: object) -> HorizonStrategy:
+    """The strategy ``SqlSource(horizon=...)`` names: ``None``/``"auto"``, ``"lag"``, ``"none"``,
+    or a strategy object."""
+    if horizon is None or horizon == "auto":
+        return AutoHorizon()
+    if horizon == "lag":
+        return LagHorizon()
+    if horizon == "none":
+        return NoHorizon()
+    if isinstance(horizon, HorizonStrategy):
+        return horizon
+    raise ConfigurationError(
+        f'`horizon={horizon!r}` is not a horizon strategy: pass `"auto"` (the '
+        'default), `"lag"`, `"none"`, or an object with `name`, `prepare()` and `bound()`.'
+    )

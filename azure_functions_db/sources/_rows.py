@@ -102,13 +102,25 @@ class RowShape:
             for row in rows
         ]
 
-    def changes(self, rows: Sequence[Sequence[Any]], poller: str) -> list[Change]:
+    def changes(
+        self, rows: Sequence[Sequence[Any]], poller: str, last: Position | None = None
+    ) -> list[Change]:
         """``rows`` as ``poller``'s ``Change`` objects: one small object per row with its dict,
-        its position built on first access (see ``core.batch.row_changes``)."""
+        its position built on first access (see ``core.batch.row_changes``); ``last``: the
+        last row's position as :meth:`last` returned it (the rows are checked then)."""
         if not rows:
             return []
-        self._checked(rows)
-        return row_changes(rows, self, poller)
+        if last is None:
+            self._checked(rows)
+        return row_changes(rows, self, poller, last)
+
+    def last(self, rows: Sequence[Sequence[Any]]) -> Position | None:
+        """The position of the last of ``rows`` (``None``: no rows); ``CodecError`` if the
+        first or last key cannot be stored."""
+        if not rows:
+            return None
+        Position(cursor=self.cursor_of(rows[0]), pk=self.pk_of(rows[0]))
+        return Position(cursor=self.cursor_of(rows[-1]), pk=self.pk_of(rows[-1]))
 
     def _checked(
         self, rows: Sequence[Sequence[Any]]

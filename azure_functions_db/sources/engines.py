@@ -93,6 +93,13 @@ def create(
     return engine
 
 
+def shared_across_threads(engine: sa.Engine) -> bool:
+    """Whether a connection taken on another thread reaches the same database: not with a
+    connection per thread (``SingletonThreadPool``, SQLAlchemy's pool for an in-memory SQLite)
+    nor one connection for all (``StaticPool``: the driver may refuse another thread)."""
+    return not isinstance(engine.pool, sa.pool.SingletonThreadPool | sa.pool.StaticPool)
+
+
 def driverless_url_error(drivername: str, masked_url: str, cause: Exception | None = None) -> None:
     """Raise: a URL that names no driver (``mysql://``) selects one afdb does not install."""
     example, extra = _DRIVER_URLS[drivername.partition("+")[0]]

@@ -29,6 +29,7 @@ from azure_functions_db.core.checkpoint import SourceDescription
 from azure_functions_db.core.clock import Clock, SystemClock
 from azure_functions_db.core.ports import Horizon, SourceHealth, SourceRow
 from azure_functions_db.core.position import KeyValue, Position
+from azure_functions_db.core.reader import SelectedRows
 from azure_functions_db.errors import (
     AfdbError,
     CodecError,
@@ -49,6 +50,7 @@ from azure_functions_db.sources._horizon import (
     HorizonStrategy,
     LagHorizon,
     NoHorizon,
+    horizon_strategy,
 )
 from azure_functions_db.sources._rows import RowShape, driver_rows
 from azure_functions_db.sources._target import HorizonTarget
@@ -91,11 +93,9 @@ class SqlSource:
         on_null_cursor: ``"skip"`` counts and reports rows with a NULL cursor in :meth:`check`;
             ``"raise"`` makes :meth:`check` raise ``NullCursorError``.
         engine_options: Extra ``sqlalchemy.create_engine`` arguments.
-        connect_timeout: Seconds a new database connection may take (TCP connect, TLS and
-            login) before it fails as a transient error, so a hung server cannot hang a run.
-            Applied through the driver (psycopg ``connect_timeout``, PyMySQL ``connect_timeout``
-            with the handshake read bounded too, pyodbc login ``timeout``) unless the URL or
-            ``engine_options["connect_args"]`` sets the driver's own option. Default 10.
+        connect_timeout: Seconds a new connection may take (connect, TLS, login) before it
+            fails as a transient error (default 10), through the driver's own option unless the
+            URL or ``engine_options["connect_args"]`` sets it (see ``sources.engines``).
         soft_delete: Column that marks a row deleted: the row is delivered with
             ``Change.op == "delete"`` when the column is true (boolean or number) or, for any
             other type (e.g. a ``deleted_at`` time), not NULL. The update that sets it must also
@@ -157,20 +157,7 @@ class SqlSource:
             )
         self._engine_options = dict(engine_options or {})
         self._connect_timeout = engines.check_connect_timeout(connect_timeout)
-        self._horizon: HorizonStrategy
-        if horizon is None or horizon == "auto":
-            self._horizon = AutoHorizon()
-        elif horizon == "lag":
-            self._horizon = LagHorizon()
-        elif horizon == "none":
-            self._horizon = NoHorizon()
-        elif isinstance(horizon, HorizonStrategy):
-            self._horizon = horizon
-        else:
-            raise ConfigurationError(
-                f'`horizon={horizon!r}` is not a horizon strategy: pass `"auto"` (the '
-                'default), `"lag"`, `"none"`, or an object with `name`, `prepare()` and `bound()`.'
-            )
+        self._horizon = horizon_strategy(horizon)
         self._clock: Clock = clock or SystemClock()
         self._text_times: list[sqlite_times.TextDateTime] = []
         self._engine: sa.Engine | None = None
@@ -202,6 +189,13 @@ class SqlSource:
     def cursor_timezone(self) -> dt.tzinfo:
         """The zone a naive date-time cursor holds wall-clock time in (UTC unless configured)."""
         return self._zone
+
+    @property
+    def reads_from_any_thread(self) -> bool:
+        """Read ahead on another thread? Not for a subclass that overrides a fetch method."""
+        engine, cls = self._engine, type(self)
+        own = cls.fetch is SqlSource.fetch and cls.fetch_changes is SqlSource.fetch_changes
+        return own and engine is not None and engines.shared_across_threads(engine)
 
     @property
     def engine(self) -> sa.Engine:
@@ -305,11 +299,19 @@ class SqlSource:
         if type(self).fetch is not SqlSource.fetch:  # a subclass reads its own way: honour it
             rows = self.fetch(after, limit, horizon)
             return [Change(row.data, row.position, poller, row.op) for row in rows]
+        return self.changes_of(self.select(after, limit, horizon), poller)
+
+    def select(self, after: Position | None, limit: int, horizon: Horizon) -> SelectedRows:
+        """The database's part of :meth:`fetch_changes`, on any thread (``ReadAheadSource``)."""
         selected = self._select(after, limit, horizon)
         try:
-            return self._shape.changes(selected, poller)
+            return SelectedRows(selected, self._shape.last(selected))
         except CodecError as exc:
             raise self._unstorable(exc) from exc
+
+    def changes_of(self, selected: SelectedRows, poller: str) -> Sequence[Change]:
+        """The rows :meth:`select` returned as ``poller``'s changes (``ReadAheadSource``)."""
+        return self._shape.changes(selected.rows, poller, selected.last)
 
     def latest(self, horizon: Horizon) -> Position | None:
         """Position of the last row below ``horizon`` (for ``seek --now``), or ``None``."""
@@ -378,8 +380,7 @@ class SqlSource:
 
     def close(self) -> None:
         """Dispose of the engine and its pool; :meth:`open` may be called again."""
-        engine, self._engine, self._query = self._engine, None, None
-        self._description = None
+        engine, self._engine, self._query, self._description = self._engine, None, None, None
         if engine is not None:
             engine.dispose()
             logger.info("action=source_close table=%s", self._qualified)

@@ -18,12 +18,14 @@ hooks; :class:`SqlSourceContract` implements them for any SQLAlchemy URL::
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import pytest
 import sqlalchemy as sa
 
+from azure_functions_db.core.batch import Change
 from azure_functions_db.core.checkpoint import (
     Checkpoint,
     PollerKey,
@@ -32,6 +34,7 @@ from azure_functions_db.core.checkpoint import (
 )
 from azure_functions_db.core.ports import Horizon, Source, SourceRow
 from azure_functions_db.core.position import Position
+from azure_functions_db.core.reader import ReadAheadSource
 from azure_functions_db.errors import NullCursorError, SourceDefinitionError
 
 __all__ = ["Literal", "Scratch", "SourceContract", "SqlSourceContract", "TypeCase", "drain"]
@@ -390,3 +393,31 @@ class SqlSourceContract(SourceContract):
                 f"SELECT {cols} FROM {self._name(table)} ORDER BY {order}"
             )
             return [tuple(row) for row in result]
+
+    @pytest.mark.parametrize("batch", [1, 7, 1000])
+    def test_a_split_read_on_another_thread_is_the_fetch(
+        self, opened: list[Source], batch: int
+    ) -> None:
+        """``ReadAheadSource``: ``select`` on a worker thread, then ``changes_of`` on this one,
+        reads exactly what ``fetch`` reads, and the last change's position is ``last``."""
+        expected = self._ties("t_split")
+        source = self._open(opened, "t_split", ["updated_at"], ["id"])
+        assert isinstance(source, ReadAheadSource)
+        assert source.reads_from_any_thread
+        pks: list[tuple[Any, ...]] = []
+        after: Position | None = None
+        with ThreadPoolExecutor(max_workers=1) as worker:
+            for _ in range(len(expected) + 1):
+                selected = worker.submit(source.select, after, batch, NO_HORIZON).result()
+                changes = source.changes_of(selected, "contract")
+                assert len(changes) == len(selected.rows) <= batch
+                if not changes:
+                    break
+                assert changes[-1].position is selected.last
+                assert changes == [
+                    Change(r.data, r.position, "contract", r.op)
+                    for r in source.fetch(after, batch, NO_HORIZON)
+                ]
+                pks.extend(tuple(c.position.pk) for c in changes)
+                after = through_checkpoint(source, changes[-1].position)
+        assert pks == expected
