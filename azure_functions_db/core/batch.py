@@ -169,28 +169,86 @@ _set_row = _RowChange.__dict__["_row"].__set__
 _set_layout = _RowChange.__dict__["_layout"].__set__
 
 
-def row_changes(
-    rows: Sequence[Sequence[Any]], layout: RowLayout, poller: str, last: Position | None = None
-) -> list[Change]:
-    """``poller``'s changes over driver ``rows`` (see ``_RowChange``); ``last``, when given, is
-    the last row's position, the very object (a read ahead is matched to it by identity).
+class RowChanges(Sequence[Change]):
+    """A batch's changes over the driver's rows, each ``Change`` built when it is read.
 
-    The caller has checked the keys that will be stored (a batch's last position); the
-    positions between are built unchecked, as ``Position.trusted`` documents.
+    A handler that reads every row once (``for change in batch``) gets one short-lived object
+    per row, freed as it moves on, instead of a batch of them kept alive (and walked by the
+    garbage collector) until the batch is done; a handler that reads none builds none. Each
+    read builds a new object, equal to the last (``batch[0] == batch[0]``, not ``is``). It
+    equals, shows, hashes and pickles as the tuple of its changes; slices are ``RowChanges``.
+
+    ``last``, when given, is the last row's position, the very object (the engine matches a
+    read ahead to it by identity); the caller has checked it, and the positions between are
+    built unchecked, as ``Position.trusted`` documents.
     """
-    changes: list[Change] = []
-    append = changes.append
-    to_dict = layout.to_dict
-    for row in rows:
-        change = _new(_RowChange)
-        _set_data(change, to_dict(row))
-        _set_row(change, row)
-        _set_layout(change, layout)
-        _set_poller(change, poller)
-        append(change)
-    if last is not None and changes:
-        _set_position(changes[-1], last)
-    return changes
+
+    __slots__ = ("_last", "_layout", "_poller", "_rows")
+
+    def __init__(
+        self,
+        rows: Sequence[Sequence[Any]],
+        layout: RowLayout,
+        poller: str,
+        last: Position | None = None,
+    ) -> None:
+        self._rows, self._layout, self._poller, self._last = rows, layout, poller, last
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @overload
+    def __getitem__(self, index: int) -> Change: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> RowChanges: ...
+
+    def __getitem__(self, index: int | slice) -> Change | RowChanges:
+        rows = self._rows
+        if isinstance(index, slice):
+            part = rows[index]
+            ends = bool(part) and part[-1] is rows[-1]
+            return RowChanges(part, self._layout, self._poller, self._last if ends else None)
+        change = _row_change(rows[index], self._layout, self._poller)
+        if self._last is not None and rows[index] is rows[-1]:
+            _set_position(change, self._last)
+        return change
+
+    def __iter__(self) -> Iterator[Change]:
+        layout, poller, to_dict = self._layout, self._poller, self._layout.to_dict
+        last, final = self._last, self._rows[-1] if self._rows else None
+        for row in self._rows:
+            change = _new(_RowChange)
+            _set_data(change, to_dict(row))
+            _set_row(change, row)
+            _set_layout(change, layout)
+            _set_poller(change, poller)
+            if last is not None and row is final:
+                _set_position(change, last)
+            yield change
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RowChanges | tuple):
+            return tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (tuple, (tuple(self),))
+
+
+def _row_change(row: Sequence[Any], layout: RowLayout, poller: str) -> Change:
+    change = _new(_RowChange)
+    _set_data(change, layout.to_dict(row))
+    _set_row(change, row)
+    _set_layout(change, layout)
+    _set_poller(change, poller)
+    return change
 
 
 @dataclass(frozen=True)
@@ -207,7 +265,8 @@ class Batch(Sequence[Change]):
         attempt: 1 for the first delivery of this batch position, 2 after one failure, ...
         position_before: Checkpoint before the batch (``None`` = from the beginning).
         position_after: Position the checkpoint moves to when the batch is acknowledged.
-        changes: The rows.
+        changes: The rows: a tuple, or from a SQL source :class:`RowChanges`, which builds
+            each ``Change`` when it is read (iterate the batch once rather than index it).
         chunk: The backfill chunk that delivers this batch (``"<run id>/<index>"``), or
             ``None`` for the live poller and a seek replay.
     """
@@ -218,7 +277,7 @@ class Batch(Sequence[Change]):
     attempt: int
     position_before: Position | None
     position_after: Position
-    changes: tuple[Change, ...]
+    changes: Sequence[Change]
     chunk: str | None = None
 
     @overload

@@ -54,6 +54,11 @@ class CommitPipe:
             run without the pipe).
         log: The run's structured log.
         rejected: Called on the run's thread with a batch whose commit lost compare-and-set.
+        every_rows, every_seconds: Coalescing: hold batches back until this many rows or
+            seconds went by; ``None`` for both: commit every batch.
+        latest_seconds: Coalescing: batches due while the commit before them is still in
+            flight are not waited for but held on (they go with a later batch's commit, so the
+            run never stalls on a round trip), at most this long (``lease_duration / 2``).
         monotonic: The engine clock's ``monotonic``: when batches were held back, when a
             commit landed.
     """
@@ -67,6 +72,7 @@ class CommitPipe:
         rejected: Callable[[Batch], None],
         every_rows: int | None = None,
         every_seconds: float | None = None,
+        latest_seconds: float | None = None,
         monotonic: Callable[[], float],
     ) -> None:
         self._claim = claim
@@ -77,6 +83,7 @@ class CommitPipe:
         self._executor: ThreadPoolExecutor | None = None
         self._every_rows = every_rows
         self._every_seconds = every_seconds
+        self._latest_seconds = latest_seconds
         self._monotonic = monotonic
         self._held: list[_Pending] = []  # coalesced batches, not yet submitted
         self._held_rows = 0
@@ -98,7 +105,8 @@ class CommitPipe:
     def add(self, batch: Batch, new: Checkpoint, done: Landed) -> None:
         """Commit ``new`` (the record after ``batch``): now, or with later batches when
         coalescing and neither ``every_rows`` rows nor ``every_seconds`` went by since the
-        first batch held back."""
+        first batch held back (or they did, but the commit before is still in flight and
+        ``latest_seconds`` did not go by)."""
         if self._every_rows is None and self._every_seconds is None:
             self.submit(batch, new, done)
             return
@@ -109,8 +117,13 @@ class CommitPipe:
         self._held_rows += len(batch)
         rows_due = self._every_rows is not None and self._held_rows >= self._every_rows
         time_due = self._every_seconds is not None and now - self._held_since >= self._every_seconds
-        if rows_due or time_due:
-            self._flush()
+        if not (rows_due or time_due):
+            return
+        pending, latest = self._pending, self._latest_seconds
+        in_flight = pending is not None and pending.future is not None and not pending.future.done()
+        if in_flight and latest is not None and now - self._held_since < latest:
+            return  # due, but the commit before is on its way: these go with a later one
+        self._flush()
 
     def _flush(self) -> None:
         """Submit the batches held back as one commit (their last record)."""

@@ -36,7 +36,9 @@ class PollerConfig:
             The default; ``False`` commits each batch before reading the next.
         checkpoint_every: Coalesce commits: one checkpoint write per this many rows (several
             batches), instead of one per batch; ``None``: every batch. A crash then delivers up
-            to this many rows again. Not with a transactional sink.
+            to this many rows again, plus those read while the commit before was in flight
+            (batches due then are not waited for: they go with the next commit). Not with a
+            transactional sink.
         checkpoint_seconds: Coalesce commits: one checkpoint write at least every this many
             seconds. With either option a run also commits at its end, before counting a
             failure, and at least every ``lease_duration / 2`` seconds.

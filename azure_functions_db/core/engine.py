@@ -15,7 +15,7 @@ import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from azure_functions_db.core.batch import Batch, Change
+from azure_functions_db.core.batch import Batch, Change, RowChanges
 from azure_functions_db.core.checkpoint import Checkpoint
 from azure_functions_db.core.claim import Claim, Claimer, start_now
 from azure_functions_db.core.clock import Clock
@@ -191,6 +191,7 @@ class Engine(PoisonRuns, HealthRuns):
             rejected=self.observer.commit_rejected,
             every_rows=cfg.checkpoint_every,
             every_seconds=cfg.coalesce_seconds,
+            latest_seconds=cfg.lease_duration / 2,
             monotonic=self.clock.monotonic,
         )
         failing = True
@@ -258,7 +259,7 @@ class Engine(PoisonRuns, HealthRuns):
             attempt=cp.attempts + 1,
             position_before=cp.position,
             position_after=changes[-1].position,
-            changes=tuple(changes),
+            changes=changes if isinstance(changes, RowChanges) else tuple(changes),
             chunk=self.config.chunk,
         )
 

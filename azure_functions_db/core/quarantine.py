@@ -152,15 +152,16 @@ def new_record(
     at: dt.datetime,
 ) -> QuarantineRecord:
     """The record of ``batch`` (non-empty), quarantined now under ``batch.fence``."""
-    first, last = batch.changes[0].position, batch.changes[-1].position
+    changes = tuple(batch.changes)  # built once, as the handler saw them
+    first, last = changes[0].position, changes[-1].position
     event = QuarantineEvent("quarantined", at, by, batch.fence, error[:500])
-    lossy = sorted({name for c in batch.changes for name, v in c.data.items() if _lossy(v)})
+    lossy = sorted({name for c in changes for name, v in c.data.items() if _lossy(v)})
     return QuarantineRecord(
         key=key,
         id=record_id(key, first, last),
         before=batch.position_before,
         after=last,
-        changes=batch.changes,
+        changes=changes,
         error=error[:2000],
         attempts=attempts,
         fence=batch.fence,

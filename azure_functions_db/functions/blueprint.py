@@ -116,7 +116,8 @@ class PollerBlueprint(func.Blueprint):
                 batch before reading the next.
             checkpoint_every: Coalesce checkpoint commits: one write per this many rows
                 (several batches) instead of one per batch; a crash then delivers up to this
-                many rows again. Not with ``sink``.
+                many rows again, plus those read during the commit before (rows due while it is
+                in flight go with the next commit). Not with ``sink``.
             checkpoint_seconds: Coalesce checkpoint commits: one write at least every this
                 many seconds. With either, a run also commits at its end, before it counts a
                 failure, and at least every ``lease_duration / 2`` seconds.

@@ -17,7 +17,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from azure_functions_db.core.batch import Change, row_changes
+from azure_functions_db.core.batch import Change, RowChanges
 from azure_functions_db.core.ports import SourceRow
 from azure_functions_db.core.position import Position
 
@@ -104,15 +104,15 @@ class RowShape:
 
     def changes(
         self, rows: Sequence[Sequence[Any]], poller: str, last: Position | None = None
-    ) -> list[Change]:
-        """``rows`` as ``poller``'s ``Change`` objects: one small object per row with its dict,
-        its position built on first access (see ``core.batch.row_changes``); ``last``: the
-        last row's position as :meth:`last` returned it (the rows are checked then)."""
+    ) -> Sequence[Change]:
+        """``rows`` as ``poller``'s changes, each ``Change`` built when it is read (see
+        ``core.batch.RowChanges``); ``last``: the last row's position as :meth:`last` returned
+        it (the rows are checked then)."""
         if not rows:
             return []
         if last is None:
             self._checked(rows)
-        return row_changes(rows, self, poller, last)
+        return RowChanges(rows, self, poller, last)
 
     def last(self, rows: Sequence[Sequence[Any]]) -> Position | None:
         """The position of the last of ``rows`` (``None``: no rows); ``CodecError`` if the

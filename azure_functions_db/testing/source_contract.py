@@ -414,7 +414,7 @@ class SqlSourceContract(SourceContract):
                 if not changes:
                     break
                 assert changes[-1].position is selected.last
-                assert changes == [
+                assert list(changes) == [
                     Change(r.data, r.position, "contract", r.op)
                     for r in source.fetch(after, batch, NO_HORIZON)
                 ]

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from azure_functions_db.core.batch import Batch, Change
+from azure_functions_db.core.batch import Batch, RowChanges
 from azure_functions_db.core.checkpoint import Checkpoint
 from azure_functions_db.core.engine import Engine, PollerConfig
 from azure_functions_db.core.ports import Horizon, StateStore
@@ -282,11 +282,11 @@ class SpyChangeSource(SqlSource):
 
     def __init__(self, url: str) -> None:
         super().__init__(url=url, table="orders", cursor="updated_at", pk="id")
-        self.built: list[Change] = []
+        self.built: list[Any] = []
 
     def fetch_changes(self, *args: Any) -> Any:
         changes = super().fetch_changes(*args)
-        self.built.extend(changes)
+        self.built.append(changes)
         return changes
 
 
@@ -300,7 +300,10 @@ def test_the_handler_gets_the_change_objects_the_source_built(orders, store, clo
     engine.run(SETTINGS)
     delivered = [c for b in handler.batches for c in b]
     assert [c.pk for c in delivered] == list(range(1, 11))
-    assert all(d is b for d, b in zip(delivered, source.built, strict=True))  # not rebuilt
+    # Each batch holds the very sequence the source built (no copy into a tuple of objects).
+    assert [b.changes for b in handler.batches] == source.built[: len(handler.batches)]
+    assert all(b.changes is s for b, s in zip(handler.batches, source.built, strict=False))
+    assert [type(b.changes) for b in handler.batches] == [RowChanges] * 3
     assert {c.poller for c in delivered} == {"orders"}
 
 

@@ -289,7 +289,7 @@ def test_coalesced_commits_write_once_per_checkpoint_every_rows_and_at_the_end(
         lambda b: seen.extend(c.pk for c in b),
         clock,
         checkpoint_every=8,
-        pipeline=True,
+        pipeline=False,  # the cadence alone: no commit still in flight when the next is due
     ).run(SETTINGS)
     assert seen == list(range(1, 23))
     # Batches of 4: a commit after every 8 rows, and the last (short) ones at the end.
@@ -336,6 +336,45 @@ def test_coalescing_also_commits_every_checkpoint_seconds(
     ).run(SETTINGS)
     # Held since batch 1 (t=4 after its handler): due at batch 3 (t=12 >= 4 + 7), then at the end.
     assert store.commits == [(12,), (16,)]
+
+
+def test_batches_due_while_the_commit_before_is_in_flight_are_held_not_waited_for(
+    orders: Orders, store: GatedStore, clock: FakeClock
+) -> None:
+    orders.insert(range(1, 19))  # batches of 4, 4, 4, 4, 2; each one due (checkpoint_every=4)
+    overlapped: list[bool] = []
+
+    def run_on(batch: Batch) -> None:
+        overlapped.append(store.entered.is_set())
+        if len(batch) < 4:
+            store.gate.set()  # the first commit lands only now
+
+    report = make_engine(orders, store, run_on, clock, checkpoint_every=4).run(SETTINGS)
+    # Batches 2-5 were handled while the first commit waited at the gate: held on, not waited
+    # for; they went in the one commit after it.
+    assert overlapped == [False, True, True, True, True]
+    assert store.commits == [(4,), (18,)]
+    assert (report.batches, report.rows, report.status) == (5, 18, "caught_up")
+
+
+def test_batches_held_on_behind_a_commit_in_flight_wait_for_it_at_half_the_lease(
+    orders: Orders, store: GatedStore, clock: FakeClock
+) -> None:
+    orders.insert(range(1, 29))  # seven batches of 4
+    calls: list[int] = []
+
+    def slow(batch: Batch) -> None:
+        calls.append(len(batch))
+        clock.advance(8)
+        if len(calls) == 6:  # held since batch 2 (t=16): 32 s >= 30 after this one
+            threading.Timer(0.2, store.gate.set).start()
+
+    make_engine(
+        orders, store, slow, clock, checkpoint_every=4, lease_duration=60, time_budget=200
+    ).run(SETTINGS)
+    # The first commit waited at the gate until batch 6: batches 2-6 were held on behind it
+    # until half the lease went by, then waited for it and went as one commit; then batch 7.
+    assert store.commits == [(4,), (24,), (28,)]
 
 
 def test_coalescing_is_refused_with_a_transactional_sink(orders: Orders, clock: FakeClock) -> None:

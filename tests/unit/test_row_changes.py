@@ -1,5 +1,6 @@
-"""``row_changes``: the lazily built ``Change`` objects a ``SqlSource`` hands the engine are
-``Change`` objects in every way a handler, a sink or a pickle can see."""
+"""``RowChanges``: the lazily built ``Change`` objects a ``SqlSource`` hands the engine are
+``Change`` objects in every way a handler, a sink or a pickle can see, and the sequence of them
+is the tuple of them in every way but identity."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pickle
 
 import pytest
 
-from azure_functions_db.core.batch import Change, event_id, row_changes
+from azure_functions_db.core.batch import Batch, Change, RowChanges, event_id
 from azure_functions_db.core.position import Position
 from azure_functions_db.sources._rows import RowShape, dict_builder
 from azure_functions_db.sources.keyset import picker
@@ -28,7 +29,7 @@ def _plain(row: tuple[object, ...], op: str = "upsert") -> Change:
 def test_a_row_change_equals_the_plain_change_of_its_row_and_shows_as_one():
     lazy = SHAPE.changes(ROWS, "orders")
     assert [type(c) is Change for c in lazy] == [False, False]  # really the lazy kind
-    assert lazy == [_plain(ROWS[0]), _plain(ROWS[1])]
+    assert list(lazy) == [_plain(ROWS[0]), _plain(ROWS[1])]
     assert _plain(ROWS[0]) == lazy[0]
     assert lazy[0] != lazy[1]
     assert repr(lazy[0]) == repr(_plain(ROWS[0]))
@@ -40,7 +41,7 @@ def test_a_row_change_equals_the_plain_change_of_its_row_and_shows_as_one():
 
 
 def test_data_and_position_are_built_once_and_read_in_any_order():
-    first, second = row_changes(ROWS, SHAPE, "orders")
+    first, second = RowChanges(ROWS, SHAPE, "orders")
     assert first.position == Position((WHEN,), (7,))  # position before data
     assert first.position is first.position
     data = first.data
@@ -105,3 +106,64 @@ def test_the_generated_dict_builder_is_dict_of_zip(names):
     assert RowShape(names, picker([0]), picker([0])).changes([row], "p")[0].data == dict(
         zip(names, row, strict=True)
     )
+
+
+PLAIN = (_plain(ROWS[0]), _plain(ROWS[1]))
+
+
+def test_each_read_builds_a_new_change_equal_to_the_last():
+    lazy = RowChanges(ROWS, SHAPE, "orders")
+    assert lazy[0] == lazy[0]
+    assert lazy[0] is not lazy[0]  # nothing kept: a read change is freed when dropped
+    assert [a is b for a, b in zip(lazy, lazy, strict=True)] == [False, False]
+    assert lazy[-1] == _plain(ROWS[1])
+    with pytest.raises(IndexError):
+        lazy[2]
+
+
+def test_row_changes_are_the_tuple_of_their_changes_but_not_a_list():
+    lazy = RowChanges(ROWS, SHAPE, "orders")
+    assert lazy == PLAIN
+    assert lazy == PLAIN
+    assert lazy == RowChanges(list(ROWS), SHAPE, "orders")
+    assert lazy != list(PLAIN)  # as a tuple is not a list
+    assert lazy != PLAIN[:1]
+    assert repr(lazy) == repr(PLAIN)
+    assert len(lazy) == 2
+    assert _plain(ROWS[1]) in lazy
+    assert lazy.index(_plain(ROWS[1])) == 1
+    assert list(reversed(lazy)) == [PLAIN[1], PLAIN[0]]
+    with pytest.raises(TypeError):
+        hash(lazy)  # as unhashable as the tuple (a change's data is a dict)
+    copy = pickle.loads(pickle.dumps(lazy))
+    assert type(copy) is tuple
+    assert [type(c) for c in copy] == [Change, Change]
+    assert copy == PLAIN
+
+
+def test_the_last_position_given_is_the_last_changes_own_object_in_every_read():
+    last = Position((WHEN,), (8,))
+    lazy = RowChanges(ROWS, SHAPE, "orders", last)
+    assert lazy[-1].position is last
+    assert lazy[1].position is last
+    assert [c.position is last for c in lazy] == [False, True]
+    assert lazy[1:].__getitem__(0).position is last  # a slice that ends at the end keeps it
+    head = lazy[:1]
+    assert type(head) is RowChanges
+    assert head == PLAIN[:1]
+    assert head[-1].position is not last
+    assert head[-1].position == Position((WHEN,), (7,))
+    assert lazy[5:] == ()
+
+
+def test_a_batch_over_row_changes_reads_like_one_over_a_tuple():
+    lazy = RowChanges(ROWS, SOFT, "orders")
+    after = Position((WHEN,), (8,))
+    batch = Batch("orders", "live", 1, 1, None, after, lazy)
+    plain = Batch("orders", "live", 1, 1, None, after, (_plain(ROWS[0]), _plain(ROWS[1], "delete")))
+    assert batch == plain
+    assert len(batch) == 2
+    assert [c.op for c in batch] == ["upsert", "delete"]
+    assert batch.rows == [c.data for c in plain]
+    assert batch[1] == plain[1]
+    assert pickle.loads(pickle.dumps(batch)) == plain
