@@ -15,6 +15,7 @@ import datetime as dt
 import random
 import sqlite3
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -244,10 +245,12 @@ class CountingStore:
         self._inner = inner
         self._lock = threading.Lock()  # renew runs on the heartbeat thread
         self.calls: Counter[str] = Counter()
+        self.times: dict[str, list[float]] = {}  # time.monotonic() of each call, per method
 
     def _count(self, method: str) -> None:
         with self._lock:
             self.calls[method] += 1
+            self.times.setdefault(method, []).append(time.monotonic())
 
     def snapshot(self) -> dict[str, int]:
         """Counts of the reported methods (zeros included), then any other method called."""
@@ -259,6 +262,7 @@ class CountingStore:
     def reset(self) -> None:
         with self._lock:
             self.calls.clear()
+            self.times.clear()
 
     def read(self, key: PollerKey) -> StoredCheckpoint | None:
         self._count("read")

@@ -14,7 +14,8 @@ Both use the default ``horizon="auto"``; on SQLite that is the database clock mi
 margin of 1 s (serial writers still stamp ties), so no mode can go below about 1 s here. The
 idle cost is counted through a counting proxy of ``LocalStateStore``: calls per idle minute in
 the low-latency mode (one run a minute: its own calls plus its heartbeat's renewals, one every
-``lease_duration / 3``) against the calls of one idle timer run.
+``lease_duration / 3``; and runs of the default ``time_budget``, 240 s, with a lease of 30 s
+and of 60 s) against the calls of one idle timer run.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ SECONDS = 12.0  # of steady inserts per mode
 EVERY = 0.05  # seconds between inserts
 POLL = 0.2  # poll_interval of the low-latency mode
 IDLE = 20.0  # seconds of the idle measurement of the low-latency mode
+IDLE_60 = 45.0  # the same with a lease of 60 s (a budget must outlive one heartbeat, 20 s)
+BUDGET = 240.0  # the default time_budget: the run length of the low-latency mode
 
 
 class _Load:
@@ -85,7 +88,8 @@ class _Load:
 
 
 def _engine(load: _Load, store: Any, **config: Any) -> Engine:
-    cfg = PollerConfig(name=runs.POLLER, batch_size=1000, lease_duration=30, **config)
+    config = {"lease_duration": 30, **config}
+    cfg = PollerConfig(name=runs.POLLER, batch_size=1000, **config)
     return Engine(cfg, load.source(), store, load.handler, SystemClock(), owner=runs.OWNER)
 
 
@@ -132,15 +136,19 @@ def _poll_mode(ctx: Context) -> tuple[list[float], int]:
     return load.latencies(), len(load.committed)
 
 
-def _poll_idle(ctx: Context) -> int:
-    """State-store calls of one low-latency run that finds nothing for ``IDLE`` seconds."""
-    load = _Load(ctx, "idle")
-    store = fx.CountingStore(runs.fresh_local_store(ctx.workdir / "latency_idle_state"))
-    engine = _engine(load, store, time_budget=IDLE, poll_interval=POLL)
+def _poll_idle(ctx: Context, lease: float, idle: float = IDLE) -> tuple[int, float]:
+    """State-store calls of one low-latency run that finds nothing for ``idle`` seconds, and
+    its heartbeat's renewals per minute (from the times of the acquire and the renewals)."""
+    load = _Load(ctx, f"idle_{lease:g}")
+    store = fx.CountingStore(runs.fresh_local_store(ctx.workdir / f"latency_idle_{lease:g}"))
+    engine = _engine(load, store, time_budget=idle, poll_interval=POLL, lease_duration=lease)
     engine.run({})  # creates the checkpoint and the health record: not idle yet
     store.reset()
     engine.run({})
-    return sum(store.snapshot().values())
+    beats = store.times["acquire"][:1] + store.times.get("renew", [])
+    if len(beats) < 2:
+        raise RuntimeError(f"no heartbeat renewal in {idle:g} s with a lease of {lease:g} s")
+    return sum(store.snapshot().values()), 60 * (len(beats) - 1) / (beats[-1] - beats[0])
 
 
 def run(ctx: Context) -> BenchmarkResult:
@@ -149,8 +157,9 @@ def run(ctx: Context) -> BenchmarkResult:
     timer, timer_runs, timer_idle = _timer_mode(ctx)
     ctx.progress(f"low-latency mode: poll_interval={POLL:g} s, the same load")
     poll, rows = _poll_mode(ctx)
-    ctx.progress(f"low-latency mode idle for {IDLE:g} s")
-    idle_calls = _poll_idle(ctx)
+    ctx.progress(f"low-latency mode idle for {IDLE:g} s (lease 30 s), {IDLE_60:g} s (lease 60 s)")
+    idle_calls, beats = _poll_idle(ctx, 30)
+    _, beats_60 = _poll_idle(ctx, 60, IDLE_60)
     for key, label, values in (
         ("timer", "timer, one run per second", timer),
         (
@@ -182,13 +191,14 @@ def run(ctx: Context) -> BenchmarkResult:
         "count",
         "acquire, fence, health record, release",
     )
-    renewals = max(0, idle_calls - timer_idle) * 60 / IDLE
+    renewals = beats
     result.metric(
         "poll_idle_renewals_per_minute",
         "low-latency mode: heartbeat renewals per idle minute",
         round(renewals, 1),
         "count",
-        f"one run idle for {IDLE:g} s: {idle_calls} calls, less one run's own {timer_idle}",
+        f"one run idle for {IDLE:g} s ({idle_calls} calls, one run's own {timer_idle}): the "
+        "renewals' spacing",
     )
     result.metric(
         "poll_idle_minute_calls",
@@ -197,6 +207,25 @@ def run(ctx: Context) -> BenchmarkResult:
         "count",
         "one run's own calls plus a minute of renewals; the timer mode makes 60 runs a minute",
     )
+    # A run of the default time budget spreads its own calls over its four minutes.
+    for lease, per_minute, idle in ((30, beats, IDLE), (60, beats_60, IDLE_60)):
+        key = f"poll_idle_minute_calls_long_{lease}"
+        result.metric(
+            key,
+            f"low-latency mode: state-store calls of an idle minute, {BUDGET:g} s runs, "
+            f"lease_duration={lease}",
+            round(timer_idle * 60 / BUDGET + per_minute, 1),
+            "count",
+            f"{per_minute:.1f} renewals a minute (measured over {idle:g} s) and a quarter of "
+            "one run's own calls",
+        )
+        result.ratio(
+            f"idle_minute_vs_timer_run_{lease}",
+            f"idle minute ({BUDGET:g} s runs, lease {lease} s) / one timer run",
+            key,
+            "timer_idle_calls",
+            "issue 15: <= 1",
+        )
     result.ratio(
         "latency_gain",
         "p50 latency, timer / low-latency mode",
