@@ -1,9 +1,19 @@
-"""How one poller runs: :class:`PollerConfig`, validated on construction."""
+"""How one poller runs: :class:`PollerConfig`, validated on construction.
+
+The rules are a pydantic model (:class:`_Rules`) whose field validators are our own checks, so
+a configuration with several bad values fails once, with one error that names each of them in
+our words (the value and the fix), not at the first.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from functools import partial
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
 from azure_functions_db.core.checkpoint import PollerKey
 from azure_functions_db.errors import ConfigurationError
@@ -86,54 +96,11 @@ class PollerConfig:
     start: Literal["beginning", "now"] = "beginning"
 
     def __post_init__(self) -> None:
-        _check_name("poller name", self.name)
-        if self.record is not None:  # a backfill chunk: `<poller>~<run id>~<index>`
-            _check_name("checkpoint record name", self.record, extra="~", longest=127)
-        _check_name("namespace", self.namespace)
-        _check_positive("batch_size", self.batch_size, "e.g. `batch_size=1000`", integer=True)
-        _check_positive("time_budget", self.time_budget, "seconds, e.g. `time_budget=240`")
-        _check_positive("lease_duration", self.lease_duration, "seconds, 15 to 60 on Azure")
-        _check_positive("max_attempts", self.max_attempts, "e.g. `max_attempts=5`", integer=True)
-        _check_positive("hold_warning", self.hold_warning, "seconds, e.g. `hold_warning=300`")
-        if self.poison not in ("halt", "quarantine"):
-            raise ConfigurationError(
-                f'Unknown poison policy `{self.poison!r}`; use `poison="halt"` (keep retrying the '
-                'batch and alert) or `poison="quarantine"` (park it in a quarantine record and '
-                "go on; replay it later with `afdb quarantine replay`)."
-            )
-        if not isinstance(self.bisect, bool):
-            raise ConfigurationError(f"`bisect={self.bisect!r}` must be True or False.")
-        if self.stall_after is not None:
-            _check_positive("stall_after", self.stall_after, "seconds, e.g. `stall_after=300`")
-        _check_positive("stall_runs", self.stall_runs, "runs, e.g. `stall_runs=5`", integer=True)
-        if self.checkpoint_every is not None:
-            _check_positive(
-                "checkpoint_every", self.checkpoint_every, "rows, e.g. 10000", integer=True
-            )
-        if self.poll_interval is not None:
-            _check_positive("poll_interval", self.poll_interval, "seconds, e.g. 1")
-            if self.poll_interval >= self.time_budget:
-                raise ConfigurationError(
-                    f"`poll_interval={self.poll_interval}` must be shorter than `time_budget="
-                    f"{self.time_budget}`: a run polls again only while its budget lasts."
-                )
-        if self.checkpoint_seconds is not None:
-            _check_positive("checkpoint_seconds", self.checkpoint_seconds, "seconds, e.g. 5")
-        if self.start not in ("beginning", "now"):
-            raise ConfigurationError(
-                f'`start={self.start!r}` is not a starting point: use `start="beginning"` (the '
-                'default: a new poller delivers every row already in the table) or `start="now"` '
-                "(its first run records the newest row as the checkpoint and delivers only rows "
-                "that change after it)."
-            )
-        if not isinstance(self.pipeline, bool):
-            raise ConfigurationError(f"`pipeline={self.pipeline!r}` must be True or False.")
-        if self.time_budget <= self.lease_duration / 3:
-            raise ConfigurationError(
-                f"`time_budget={self.time_budget}` is too short for `lease_duration="
-                f"{self.lease_duration}`: a run must outlive at least one heartbeat. Raise "
-                "time_budget or lower lease_duration."
-            )
+        values = {field.name: getattr(self, field.name) for field in fields(self)}
+        try:
+            _Rules.model_validate(values)
+        except ValidationError as exc:
+            raise ConfigurationError(_one_message(self.name, exc)) from None
 
     @property
     def coalesce_seconds(self) -> float | None:
@@ -174,3 +141,126 @@ def _check_positive(what: str, value: object, hint: str, *, integer: bool = Fals
     ):
         kind = "integer" if integer else "number"
         raise ConfigurationError(f"`{what}={value!r}` must be a positive {kind} ({hint}).")
+
+
+def _check_flag(what: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"`{what}={value!r}` must be True or False.")
+
+
+def _check_poison(value: object) -> None:
+    if value not in ("halt", "quarantine"):
+        raise ConfigurationError(
+            f'Unknown poison policy `{value!r}`; use `poison="halt"` (keep retrying the '
+            'batch and alert) or `poison="quarantine"` (park it in a quarantine record and '
+            "go on; replay it later with `afdb quarantine replay`)."
+        )
+
+
+def _check_start(value: object) -> None:
+    if value not in ("beginning", "now"):
+        raise ConfigurationError(
+            f'`start={value!r}` is not a starting point: use `start="beginning"` (the '
+            'default: a new poller delivers every row already in the table) or `start="now"` '
+            "(its first run records the newest row as the checkpoint and delivers only rows "
+            "that change after it)."
+        )
+
+
+def _rule(check: Callable[[Any], None], *, optional: bool = False) -> Any:
+    """One of our checks as a pydantic field validator: the value as it is, or our message
+    (``optional``: ``None`` passes)."""
+
+    def validate(value: object) -> object:
+        if value is None and optional:
+            return value
+        try:
+            check(value)
+        except ConfigurationError as exc:
+            raise PydanticCustomError("afdb_config", "{message}", {"message": str(exc)}) from None
+        return value
+
+    return BeforeValidator(validate)
+
+
+def _positive(what: str, hint: str, *, integer: bool = False, optional: bool = False) -> Any:
+    return _rule(partial(_check_positive, what, hint=hint, integer=integer), optional=optional)
+
+
+class _Rules(BaseModel):
+    """Every rule of :class:`PollerConfig`, checked together: pydantic runs each field's rule
+    and collects every failure, so one error names every bad value (then the rules that tie
+    fields together, once each field is right)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Annotated[object, _rule(partial(_check_name, "poller name"))]
+    namespace: Annotated[object, _rule(partial(_check_name, "namespace"))]
+    batch_size: Annotated[object, _positive("batch_size", "e.g. `batch_size=1000`", integer=True)]
+    time_budget: Annotated[object, _positive("time_budget", "seconds, e.g. `time_budget=240`")]
+    lease_duration: Annotated[object, _positive("lease_duration", "seconds, 15 to 60 on Azure")]
+    max_attempts: Annotated[
+        object, _positive("max_attempts", "e.g. `max_attempts=5`", integer=True)
+    ]
+    poison: Annotated[object, _rule(_check_poison)]
+    bisect: Annotated[object, _rule(partial(_check_flag, "bisect"))]
+    infra_retries: object
+    retry_delay: object
+    health_interval: object
+    # A backfill chunk's record: `<poller>~<run id>~<index>`.
+    record: Annotated[
+        object,
+        _rule(
+            partial(_check_name, "checkpoint record name", extra="~", longest=127), optional=True
+        ),
+    ]
+    chunk: object
+    hold_warning: Annotated[object, _positive("hold_warning", "seconds, e.g. `hold_warning=300`")]
+    stall_after: Annotated[
+        object, _positive("stall_after", "seconds, e.g. `stall_after=300`", optional=True)
+    ]
+    stall_runs: Annotated[
+        object, _positive("stall_runs", "runs, e.g. `stall_runs=5`", integer=True)
+    ]
+    pipeline: Annotated[object, _rule(partial(_check_flag, "pipeline"))]
+    checkpoint_every: Annotated[
+        object, _positive("checkpoint_every", "rows, e.g. 10000", integer=True, optional=True)
+    ]
+    checkpoint_seconds: Annotated[
+        object, _positive("checkpoint_seconds", "seconds, e.g. 5", optional=True)
+    ]
+    poll_interval: Annotated[object, _positive("poll_interval", "seconds, e.g. 1", optional=True)]
+    start: Annotated[object, _rule(_check_start)]
+
+    @model_validator(mode="after")
+    def _together(self) -> _Rules:
+        budget, lease, poll = self.time_budget, self.lease_duration, self.poll_interval
+        assert isinstance(budget, int | float)
+        assert isinstance(lease, int | float)
+        problems: list[str] = []
+        if isinstance(poll, int | float) and poll >= budget:
+            problems.append(
+                f"`poll_interval={poll}` must be shorter than `time_budget={budget}`: a run "
+                "polls again only while its budget lasts."
+            )
+        if budget <= lease / 3:
+            problems.append(
+                f"`time_budget={budget}` is too short for `lease_duration={lease}`: a run must "
+                "outlive at least one heartbeat. Raise time_budget or lower lease_duration."
+            )
+        if problems:
+            raise PydanticCustomError("afdb_config", "{message}", {"message": " ".join(problems)})
+        return self
+
+
+def _one_message(poller: object, exc: ValidationError) -> str:
+    """Our messages of every rule ``exc`` reports, as one: the message alone when one rule
+    failed, else each numbered."""
+    problems = [str(error["ctx"]["message"]) for error in exc.errors() if "ctx" in error]
+    problems += [
+        f"`{'.'.join(map(str, e['loc']))}`: {e['msg']}" for e in exc.errors() if "ctx" not in e
+    ]
+    if len(problems) == 1:
+        return problems[0]
+    listed = " ".join(f"({n}) {text}" for n, text in enumerate(problems, 1))
+    return f"The configuration of poller `{poller}` has {len(problems)} problems: {listed}"
