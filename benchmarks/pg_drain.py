@@ -12,7 +12,7 @@ On two tables built in a scratch schema, N rows (1,000,000; 100,000 with ``--qui
 - on N, if Azurite can be started: the same drain with ``BlobStateStore`` and the default horizon,
   the configuration of the SPEC §9 target (lease and Azurite checkpoint per batch);
 - on N, the same Blob drain with Azure-like latency (``blob_latency``): Azurite behind
-  ``devkit/latency_proxy.py``, a loopback TCP proxy delaying every chunk by
+  ``devkit/latency_proxy.py`` (in a child process), a loopback TCP proxy delaying every chunk by
   :data:`AZURE_LIKE_DELAY` (10 ms) each way. Azurite on loopback answers a conditional PUT in a
   few ms, Azure Storage from a Function in 10-30 ms: this row is the honest one for the target.
 
@@ -157,7 +157,7 @@ def blob_stores(ctx: Context, result: BenchmarkResult) -> Iterator[BlobStores]:
 
         counter = azurite_requests.RequestCounter()
         proxied = stack.enter_context(
-            proxied_connection_string(connection_string, AZURE_LIKE_DELAY)
+            proxied_connection_string(connection_string, AZURE_LIKE_DELAY, in_process=False)
         )
 
         def maker(connection: str) -> Callable[[], StateStore]:
@@ -466,8 +466,9 @@ def run(ctx: Context) -> BenchmarkResult:  # noqa: PLR0915 - one linear report
     )
     if "blob_latency" in full:
         result.note(
-            "Blob + latency: the same Azurite behind devkit/latency_proxy.py, a loopback TCP "
-            f"proxy in this process that delays every chunk by {delay_ms:g} ms each way, so a "
+            "Blob + latency: the same Azurite behind devkit/latency_proxy.py (in a child process, "
+            "so this process's interpreter lock does not add to the delay), a loopback TCP "
+            f"proxy that delays every chunk by {delay_ms:g} ms each way, so a "
             f"storage round trip costs {2 * delay_ms:g} ms more (Azure Storage answers a "
             "Function in 10-30 ms, Azurite on loopback in a few). Connection set-up and TLS are "
             "not delayed (the SDK keeps its connections alive); the extra time per batch over "

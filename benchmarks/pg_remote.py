@@ -20,12 +20,8 @@ Each with the no-op handler; repetitions interleaved, best of ``--repeats``.
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import cast
 
 import sqlalchemy as sa
@@ -82,45 +78,9 @@ def _through(table: pg.OrdersTable, host: str, port: int) -> pg.OrdersTable:
     return dataclasses.replace(table, server=server)
 
 
-#: Runs a ``LatencyProxy`` in its own process (its threads must not share the benchmark's GIL):
-#: prints the proxy's port, then forwards until its standard input closes.
-_PROXY_MAIN = """
-import sys
-from devkit.latency_proxy import LatencyProxy
-with LatencyProxy(sys.argv[1], int(sys.argv[2]), float(sys.argv[3])) as proxy:
-    print(proxy.address[1], flush=True)
-    sys.stdin.read()
-"""
-
-
-@contextmanager
-def proxy_process(host: str, port: int, delay: float) -> Iterator[int]:
-    """A latency proxy to ``host:port`` in a child process; yields its port on 127.0.0.1."""
-    root = Path(__file__).resolve().parent.parent
-    child = subprocess.Popen(
-        [sys.executable, "-c", _PROXY_MAIN, host, str(port), str(delay)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        cwd=root,
-        text=True,
-    )
-    try:
-        assert child.stdout is not None
-        line = child.stdout.readline().strip()
-        if not line.isdigit():
-            raise RuntimeError(f"the latency proxy did not start (it printed {line!r})")
-        yield int(line)
-    finally:
-        if child.stdin is not None:
-            child.stdin.close()
-        try:
-            child.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
-
-
 def run(ctx: Context) -> BenchmarkResult:
+    from devkit.latency_proxy import proxy_process
+
     result = BenchmarkResult(name=BENCHMARK.name, title=BENCHMARK.title, tier=BENCHMARK.tier)
     given = ctx.memoized(pg.ROWS_MEMO)
     rows = given if isinstance(given, int) else pg.QUICK_ROWS if ctx.quick else ROWS

@@ -26,9 +26,12 @@ import collections
 import contextlib
 import selectors
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from types import TracebackType
 from urllib.parse import urlsplit, urlunsplit
 
@@ -301,23 +304,71 @@ def _endpoint_parts(connection_string: str) -> list[tuple[str, str]]:
     return parts
 
 
+#: The child of :func:`proxy_process`: prints its proxy's port, forwards until stdin closes.
+_CHILD = """
+import sys
+from devkit.latency_proxy import LatencyProxy
+with LatencyProxy(sys.argv[1], int(sys.argv[2]), float(sys.argv[3])) as proxy:
+    print(proxy.port, flush=True)
+    sys.stdin.read()
+"""
+
+
+@contextlib.contextmanager
+def proxy_process(
+    target_host: str, target_port: int, delay: float = DEFAULT_DELAY
+) -> Iterator[int]:
+    """A :class:`LatencyProxy` in a child process; yields its port on ``127.0.0.1``.
+
+    In this process the proxy's threads take turns with the client's on one interpreter lock,
+    so a busy client delays its own packets further (by up to the interpreter's switch
+    interval, 5 ms, per hop); a remote service's latency does not depend on the client's
+    interpreter. The child stops when the ``with`` block ends.
+    """
+    root = Path(__file__).resolve().parent.parent
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, target_host, str(target_port), str(delay)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        cwd=root,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        line = child.stdout.readline().strip()
+        if not line.isdigit():
+            raise RuntimeError(f"the latency proxy process did not start (it printed {line!r})")
+        yield int(line)
+    finally:
+        if child.stdin is not None:
+            child.stdin.close()
+        try:
+            child.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
+
+
 @contextlib.contextmanager
 def proxied_connection_string(
-    connection_string: str, delay: float = DEFAULT_DELAY
+    connection_string: str, delay: float = DEFAULT_DELAY, *, in_process: bool = True
 ) -> Iterator[str]:
     """``connection_string`` with its Blob/Queue/Table endpoints behind :class:`LatencyProxy`s.
 
     One proxy per distinct endpoint host and port (Azurite: one per service), all closed on exit.
     The string must name its endpoints explicitly (``devkit.azurite.Azurite.connection_string``
     does; ``UseDevelopmentStorage=true`` does not) with ``http`` URLs: the proxy is plain TCP,
-    so the client talks to the loopback address as if it were the server.
+    so the client talks to the loopback address as if it were the server. ``in_process=False``
+    runs each proxy in a child process (:func:`proxy_process`).
     """
     parts = _endpoint_parts(connection_string)
     endpoints = [(n, v) for n, v in parts if n in ENDPOINT_KEYS]
     if not endpoints:
         raise ValueError(f"the connection string names none of {', '.join(ENDPOINT_KEYS)}")
     with contextlib.ExitStack() as stack:
-        proxies: dict[tuple[str, int], LatencyProxy] = {}
+        ports: dict[tuple[str, int], int] = {}
         rewritten = []
         for name, value in parts:
             if name not in ENDPOINT_KEYS:
@@ -327,8 +378,11 @@ def proxied_connection_string(
             if url.scheme != "http" or url.hostname is None or url.port is None:
                 raise ValueError(f"{name}={value}: an http://host:port/... URL is needed")
             target = (url.hostname, url.port)
-            if target not in proxies:
-                proxies[target] = stack.enter_context(LatencyProxy(*target, delay=delay))
-            proxied = url._replace(netloc=f"{HOST}:{proxies[target].port}")
+            if target not in ports:
+                if in_process:
+                    ports[target] = stack.enter_context(LatencyProxy(*target, delay=delay)).port
+                else:
+                    ports[target] = stack.enter_context(proxy_process(*target, delay))
+            proxied = url._replace(netloc=f"{HOST}:{ports[target]}")
             rewritten.append(f"{name}={urlunsplit(proxied)}")
         yield ";".join(rewritten) + ";"

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from devkit.latency_proxy import LatencyProxy, proxied_connection_string
+from devkit.latency_proxy import LatencyProxy, proxied_connection_string, proxy_process
 
 DELAY = 0.05
 
@@ -269,3 +269,33 @@ def test_the_connection_string_helper_refuses_what_it_cannot_proxy(connection_st
     ):
         pass
     assert _proxy_threads() == []
+
+
+def test_a_proxy_in_a_child_process_delays_too_and_stops_with_the_block(
+    echo: tuple[str, int],
+) -> None:
+    with proxy_process(*echo, delay=DELAY) as port:
+        assert port != echo[1]
+        assert _proxy_threads() == []  # not in this process
+        for _ in range(2):
+            assert _round_trip(port, b"x" * 1000) >= 2 * DELAY
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+
+
+def test_the_connection_string_helper_can_put_its_proxies_in_child_processes(
+    echo: tuple[str, int],
+) -> None:
+    host, port = echo
+    original = (
+        f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={KEY};"
+        f"BlobEndpoint=http://{host}:{port}/devstoreaccount1;"
+    )
+    with proxied_connection_string(original, DELAY, in_process=False) as proxied:
+        blob = dict(part.split("=", 1) for part in proxied.split(";") if part)["BlobEndpoint"]
+        proxy_port = int(blob.removeprefix("http://127.0.0.1:").split("/")[0])
+        assert proxy_port != port
+        assert _proxy_threads() == []
+        assert _round_trip(proxy_port) >= 2 * DELAY
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", proxy_port), timeout=5).close()
