@@ -143,9 +143,10 @@ class BatchReader:
             return split.select(after, self._limit, horizon)
 
         self._ahead = (after, horizon, self._executor.submit(select))
-        # Let the worker have the interpreter until its query is on the wire: this thread's next
-        # work (the changes) holds the GIL for less than a switch interval (5 ms), so without
-        # this wait the read ahead would start only when the run waits for it.
+        # Let the worker have the interpreter until its query is on the wire: the run's next
+        # work (the handler, the commit hand-off) often holds the GIL for less than a switch
+        # interval (5 ms), so without this wait the read ahead would start only when the run
+        # waits for it.
         started.wait(_START_WAIT)
 
     def _take(self, after: Position | None, horizon: Horizon) -> SelectedRows | None:
