@@ -45,6 +45,7 @@ import datetime as dt
 import itertools
 import json
 import math
+import re
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -362,12 +363,16 @@ class _Handlers:
         # Per process, what became of each batch: committed, or stopped.
         self.ends: dict[int, list[dict[str, Any]]] = defaultdict(list)
         self.starts: list[dict[str, Any]] = []
+        # What each call handed back, by (process, the call's start time).
+        self.calls: dict[tuple[int, float], dict[str, Any]] = {}
         for ev in events:
             kind = ev["ev"]
             if kind == "deliver":
                 for pair in _pairs(ev["rows"]):
                     self.delivered[pair] += 1
                     self.deliveries[pair[0]].append((float(ev["t"]), pair[1]))
+                if ev.get("started") is not None:
+                    self.calls[(int(ev["pid"]), float(ev["started"]))] = ev
             elif kind == "start":
                 self.starts.append(ev)
             elif kind == "fail":
@@ -401,16 +406,7 @@ def _stale_calls(
             if any(r0 <= float(start["t"]) and r1 >= began for r0, r1 in restarts):
                 report.stale_after_lease_dropped += 1
                 # What must hold then: the fence stops that batch, it is never committed.
-                end = next(
-                    (
-                        e
-                        for e in handlers.ends[int(start["pid"])]
-                        if float(e["t"]) > float(start["t"])
-                        and int(e.get("fence", -1)) == int(start["fence"])
-                    ),
-                    None,
-                )
-                if end is not None and end["action"] == "batch_committed":
+                if _committed_later(handlers, start):
                     report.stale_commits += 1
                 continue
             report.stale_calls += 1
@@ -419,6 +415,37 @@ def _stale_calls(
                     f"pid {start['pid']} started under fence {start['fence']} at "
                     f"t={float(start['t']):.3f}; fence {highest[index]} was known by then"
                 )
+
+
+def _committed_later(handlers: _Handlers, start: dict[str, Any]) -> bool:
+    """Whether the batch of the call ``start`` was committed under its fence: a later
+    ``batch_committed`` of its process and fence at or past the batch's last position. The
+    commit in flight and coalesced commits acknowledge earlier batches after a later call
+    started, so the next commit line is not this call's; a commit acknowledges every batch up
+    to its position. A call that handed nothing back (it failed, or its process died) cannot
+    have been committed."""
+    pid, began, fence = int(start["pid"]), float(start["t"]), int(start["fence"])
+    call = handlers.calls.get((pid, began))
+    end = _position(call.get("after")) if call is not None else None
+    if end is None:
+        return False
+    for e in handlers.ends[pid]:
+        if e["action"] != "batch_committed" or float(e["t"]) <= began:
+            continue
+        if int(e.get("fence", -1)) != fence:
+            continue
+        landed = _logged_position(str(e.get("position", "")))
+        if landed is None or landed >= end:
+            return True  # a commit line without a position is counted against the run
+    return False
+
+
+def _logged_position(text: str) -> tuple[dt.datetime, int] | None:
+    """A position as the engine logs it: ``(cursor=(<ISO time>), pk=(<id>))``."""
+    match = re.fullmatch(r"\(cursor=\(([^)]*)\), pk=\((-?\d+)\)\)", text.strip())
+    if match is None:
+        return None
+    return dt.datetime.fromisoformat(match.group(1)), int(match.group(2))
 
 
 def _liveness(

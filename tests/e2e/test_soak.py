@@ -42,8 +42,13 @@ class Evidence:
             self.history.update(pairs)
 
     def deliver(self, t: float, fence: int, *pairs: tuple[int, int]) -> None:
+        """A handler call at ``t`` given ``pairs``; its batch ends at the last pair's id."""
         self.events.append({"ev": "start", "t": t, "fence": fence})
-        self.events.append({"ev": "deliver", "t": t + 0.01, "fence": fence, "rows": pairs})
+        after = [T0, pairs[-1][0]] if pairs else None
+        self.events.append(
+            {"ev": "deliver", "t": t + 0.01, "fence": fence, "rows": pairs, "started": t}
+            | ({"after": after} if after else {})
+        )
 
     def grant(self, t: float, fence: int) -> None:
         self.events.append({"ev": "log", "t": t, "action": "lease_acquired", "fence": fence})
@@ -139,8 +144,13 @@ def _dropped_lease(ev: Evidence, then: str) -> Any:
     ev.faults.append({"ev": "fault", "t": 2.4, "kind": "restart_azurite", "seconds": 0.4})
     ev.grant(2.45, 2)
     ev.deliver(2.5, 1, (1, 3), (2, 2))
-    ev.events.append({"ev": "log", "t": 2.6, "action": then, "fence": 1})
+    ev.events.append({"ev": "log", "t": 2.6, "action": then, "fence": 1, "position": _at(2)})
     return ev.judge()
+
+
+def _at(pk: int) -> str:
+    """A position as the engine logs it, on the evidence's one cursor value."""
+    return f"(cursor=({T0.replace(' ', 'T')}), pk=({pk}))"
 
 
 def test_a_call_after_azurite_forgot_the_lease_is_counted_apart_if_the_fence_stopped_it(
@@ -155,6 +165,27 @@ def test_a_batch_committed_after_azurite_forgot_the_lease_is_a_violation(ev: Evi
     report = _dropped_lease(ev, "batch_committed")
     assert report.stale_commits == 1
     assert any("committed after the lease was lost" in v for v in report.violations)
+
+
+def test_the_commit_of_an_earlier_batch_reported_late_is_not_the_stale_calls(
+    ev: Evidence,
+) -> None:
+    # The batch before (ending at id 1) was committed in flight before Azurite forgot the
+    # lease; the run's thread reports it only after the next call started (a long handler).
+    ev.faults.append({"ev": "fault", "t": 2.4, "kind": "restart_azurite", "seconds": 0.4})
+    ev.grant(2.45, 2)
+    ev.deliver(2.5, 1, (2, 2), (3, 1))
+    ev.events.append(
+        {"ev": "log", "t": 2.6, "action": "batch_committed", "fence": 1, "position": _at(1)}
+    )
+    ev.events.append({"ev": "log", "t": 2.7, "action": "commit_rejected", "fence": 1})
+    report = ev.judge()
+    assert (report.stale_after_lease_dropped, report.stale_commits) == (1, 0)
+    # A later commit past the call's batch does acknowledge it: a violation.
+    ev.events.append(
+        {"ev": "log", "t": 2.8, "action": "batch_committed", "fence": 1, "position": _at(4)}
+    )
+    assert ev.judge().stale_commits == 1
 
 
 def test_a_fence_the_monitor_saw_stored_counts_too(ev: Evidence) -> None:
