@@ -172,9 +172,9 @@ class OrdersTable:
     def qualified(self) -> str:
         return f'"{self.server.schema}"."{self.name}"'
 
-    def source(self, horizon: str | None = None) -> SqlSource:
-        """The source a user would write for this table."""
-        return SqlSource(
+    def source(self, horizon: str | None = None, *, kind: type[SqlSource] = SqlSource) -> SqlSource:
+        """The source a user would write for this table (``kind``: a subclass to make)."""
+        return kind(
             self.server.url,
             table=self.name,
             schema=self.server.schema,

@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
 
 import sqlalchemy as sa
 
@@ -61,15 +60,7 @@ class _SerialTable:
         return self.table.name
 
     def source(self, horizon: str | None = None) -> SqlSource:
-        server = self.table.server
-        return _NoReadAhead(
-            server.url,
-            table=self.table.name,
-            schema=server.schema,
-            cursor="updated_at",
-            pk="id",
-            horizon=cast(pg.Horizon | None, horizon),
-        )
+        return self.table.source(horizon, kind=_NoReadAhead)
 
 
 def _through(table: pg.OrdersTable, host: str, port: int) -> pg.OrdersTable:

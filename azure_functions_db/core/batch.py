@@ -207,25 +207,20 @@ class RowChanges(Sequence[Change]):
         rows = self._rows
         if isinstance(index, slice):
             part = rows[index]
-            ends = bool(part) and part[-1] is rows[-1]
-            return RowChanges(part, self._layout, self._poller, self._last if ends else None)
-        change = _row_change(rows[index], self._layout, self._poller)
-        if self._last is not None and rows[index] is rows[-1]:
-            _set_position(change, self._last)
-        return change
+            last = self._last_of(part[-1]) if part else None
+            return RowChanges(part, self._layout, self._poller, last)
+        row = rows[index]
+        return _row_change(row, self._layout, self._poller, self._last_of(row))
 
     def __iter__(self) -> Iterator[Change]:
-        layout, poller, to_dict = self._layout, self._poller, self._layout.to_dict
-        last, final = self._last, self._rows[-1] if self._rows else None
+        layout, poller, last = self._layout, self._poller, self._last
+        final = self._rows[-1] if self._rows else None
         for row in self._rows:
-            change = _new(_RowChange)
-            _set_data(change, to_dict(row))
-            _set_row(change, row)
-            _set_layout(change, layout)
-            _set_poller(change, poller)
-            if last is not None and row is final:
-                _set_position(change, last)
-            yield change
+            yield _row_change(row, layout, poller, last if row is final else None)
+
+    def _last_of(self, row: Sequence[Any]) -> Position | None:
+        """``last`` for the last row, else ``None`` (the position is built on access)."""
+        return self._last if self._rows and row is self._rows[-1] else None
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, RowChanges | tuple):
@@ -242,12 +237,17 @@ class RowChanges(Sequence[Change]):
         return (tuple, (tuple(self),))
 
 
-def _row_change(row: Sequence[Any], layout: RowLayout, poller: str) -> Change:
+def _row_change(
+    row: Sequence[Any], layout: RowLayout, poller: str, position: Position | None
+) -> Change:
+    """One ``_RowChange`` over ``row``; ``position``, when given, is its position already."""
     change = _new(_RowChange)
     _set_data(change, layout.to_dict(row))
     _set_row(change, row)
     _set_layout(change, layout)
     _set_poller(change, poller)
+    if position is not None:
+        _set_position(change, position)
     return change
 
 
