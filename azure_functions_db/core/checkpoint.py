@@ -10,6 +10,8 @@ Schema 1 (``"schema": 1``)::
       "source": {"table": "orders", "cursor": ["updated_at"], "pk": ["id"], "where": null},
       "committed_at": {"t": "datetime_tz", "v": "..."} | null,
       "attempts": 0,              # consecutive failures at `position`
+      "transient_failures": 0,    # of those, or before them, failures a retry may fix (a sink
+                                  # connection lost): counted as attempts once they repeat
       "last_error": null | "...", # short description of the latest failure
       "stats": {"batches": 12, "rows": 11950, "quarantined": 1},
       "seek": null | {...},       # audit of the latest operator seek
@@ -204,6 +206,7 @@ class Checkpoint:
     stats: CheckpointStats = field(default_factory=CheckpointStats)
     seek: SeekAudit | None = None
     health: RunHealth | None = None
+    transient_failures: int = 0
 
     def fenced(self, fence: int, source: SourceDescription | None = None) -> Checkpoint:
         """This record claimed by the owner holding ``fence`` (the write right after acquire).
@@ -258,6 +261,7 @@ class Checkpoint:
             source=source if source is not None else self.source,
             committed_at=at,
             attempts=0,
+            transient_failures=0,
             last_error=None,
             stats=replace(self.stats, batches=self.stats.batches + 1, rows=self.stats.rows + rows),
         )
@@ -299,13 +303,23 @@ class Checkpoint:
         """This record with ``health`` (written by a run as it ends; changes nothing else)."""
         return replace(self, health=health)
 
-    def failed(self, *, fence: int, error: str) -> Checkpoint:
-        """The record after a failed attempt at the current position (attempts + 1)."""
+    def failed(
+        self, *, fence: int, error: str, transient: bool = False, counted: bool = True
+    ) -> Checkpoint:
+        """The record after a failed attempt at the current position: ``attempts`` + 1 when
+        ``counted``; a ``transient`` failure (one a retry may fix) adds one to
+        ``transient_failures``, any other failure leaves it as it is."""
         if fence < self.fence:
             raise StaleFenceError(
                 self.key.poller, self.key.namespace, stored=self.fence, mine=fence
             )
-        return replace(self, fence=fence, attempts=self.attempts + 1, last_error=error[:500])
+        return replace(
+            self,
+            fence=fence,
+            attempts=self.attempts + (1 if counted else 0),
+            transient_failures=self.transient_failures + (1 if transient else 0),
+            last_error=error[:500],
+        )
 
     def sought(
         self,
@@ -334,6 +348,7 @@ class Checkpoint:
             position=position,
             fence=fence,
             attempts=0,
+            transient_failures=0,
             last_error=None,
             seek=audit,
             source=source if source is not None else self.source,
@@ -351,6 +366,7 @@ def encode_checkpoint(cp: Checkpoint) -> bytes:
         "source": cp.source.to_json() if cp.source else None,
         "committed_at": encode_value(cp.committed_at) if cp.committed_at else None,
         "attempts": cp.attempts,
+        "transient_failures": cp.transient_failures,
         "last_error": cp.last_error,
         "stats": {
             "batches": cp.stats.batches,
@@ -396,6 +412,9 @@ def decode_checkpoint(data: bytes) -> Checkpoint:
         source=SourceDescription.from_json(source) if source is not None else None,
         committed_at=committed_at,
         attempts=count_field(doc, "attempts"),
+        transient_failures=(
+            count_field(doc, "transient_failures") if "transient_failures" in doc else 0
+        ),
         last_error=last_error,
         stats=CheckpointStats(
             batches=count_field(stats, "batches"),

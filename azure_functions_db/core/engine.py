@@ -22,7 +22,7 @@ from azure_functions_db.core.clock import Clock
 from azure_functions_db.core.commits import CommitPipe, check_coalescing
 from azure_functions_db.core.config import PollerConfig as PollerConfig  # noqa: PLC0414 - re-export
 from azure_functions_db.core.engine_health import HealthRuns
-from azure_functions_db.core.engine_poison import PoisonRuns, _QuarantineDue
+from azure_functions_db.core.engine_poison import PoisonRuns, _QuarantineDue, describe_error
 from azure_functions_db.core.handler import HANDLER_LOOP, check_handler, check_result
 from azure_functions_db.core.logs import log_event
 from azure_functions_db.core.observe import BatchTiming, RunObserver, guarded
@@ -44,8 +44,6 @@ from azure_functions_db.core.retry import Retrying
 from azure_functions_db.core.sink_catch_up import catch_up_with_sink
 from azure_functions_db.core.source_change import check_source_change
 from azure_functions_db.errors import (
-    HandlerError,
-    PoisonBatchError,
     PositionNotForwardError,
     PositionRegressionError,
     SinkFencedError,
@@ -288,62 +286,37 @@ class Engine(PoisonRuns, HealthRuns):
         except TransientSinkError as exc:
             # The sink's connection or commit failed (the batch was rolled back, or its commit
             # landed unanswered, which the next run's catch-up finds): infrastructure, not the
-            # batch, so it does not count toward poison.
-            self._log(
-                logging.WARNING,
-                "sink_unavailable",
-                fence=batch.fence,
-                rows=len(batch),
-                error=f"{type(exc).__name__}: {exc}",
-            )
-            raise
-        except BaseException as exc:
-            # Any way out of the handler but a normal return is a failed attempt, counted and
-            # logged: CancelledError too, and a Ctrl-C or sys.exit() before it ends the process.
-            # The attempt is counted on the record the previous batch's commit leaves (whose
-            # own failure, if any, ends the run instead; a Ctrl-C stays a Ctrl-C).
-            try:
+            # batch, so it does not count toward poison, until it has failed so at this position
+            # `max_attempts` times in a row (an error no retry fixes, taken for a transient one):
+            # from then on each one counts, so it cannot stall the poller unreported for ever.
+            if claim.checkpoint.transient_failures < cfg.max_attempts:
                 self._settle()
-            except BaseException:
-                if isinstance(exc, KeyboardInterrupt | SystemExit):
-                    raise exc from None
-                raise
-            cp = claim.checkpoint
-            failed = cp.failed(fence=batch.fence, error=f"{type(exc).__name__}: {exc}")
-            # Count the failed attempt on the checkpoint (best effort: the batch stays unacked).
-            claim.try_write(failed)
-            interrupted = isinstance(exc, KeyboardInterrupt | SystemExit)
-            self._log(
-                # Ctrl-C or sys.exit(): counted and logged, but not an error of the handler's
-                logging.INFO if interrupted else logging.ERROR,
-                "handler_interrupted" if interrupted else "handler_failed",
-                fence=batch.fence,
-                rows=len(batch),
-                attempt=failed.attempts,
-                position=cp.position,
-                error=type(exc).__name__,
-            )
-            self.observer.handler_failed(batch, failed.attempts)
-            if interrupted:
-                raise
-            if failed.attempts >= cfg.max_attempts and cfg.poison == "quarantine":
-                raise _QuarantineDue(exc, failed.attempts) from exc
-            if failed.attempts >= cfg.max_attempts:
-                # The alert: same batch, max_attempts failures. Nothing is skipped; an
-                # operator fixes the cause or moves past it with `afdb seek`.
+                cp = claim.checkpoint
+                claim.try_write(
+                    cp.failed(
+                        fence=batch.fence, error=describe_error(exc), transient=True, counted=False
+                    )
+                )
                 self._log(
-                    logging.CRITICAL,
-                    "poison_batch",
+                    logging.WARNING,
+                    "sink_unavailable",
                     fence=batch.fence,
                     rows=len(batch),
-                    attempts=failed.attempts,
-                    position=cp.position,
-                    policy=cfg.poison,
+                    transient_failures=cp.transient_failures + 1,
+                    error=f"{type(exc).__name__}: {exc}",
                 )
-                raise PoisonBatchError(
-                    cfg.key.poller, cfg.namespace, failed.attempts, len(batch)
-                ) from exc
-            raise HandlerError(cfg.key.poller, cfg.namespace, failed.attempts, len(batch)) from exc
+                raise
+            self._log(
+                logging.ERROR,
+                "sink_error_repeats",
+                fence=batch.fence,
+                rows=len(batch),
+                transient_failures=claim.checkpoint.transient_failures + 1,
+                note="the_same_transient_error_at_this_position_counts_as_a_failed_attempt_now",
+            )
+            self._failed_attempt(batch, claim, exc, transient=True)
+        except BaseException as exc:  # noqa: BLE001 - every way out but a return is a failure
+            self._failed_attempt(batch, claim, exc)
 
     def _delivered(
         self,

@@ -1,13 +1,14 @@
-"""The ``quarantine`` poison policy inside a run: isolate a poison batch's failing rows by
-bisection and park them in quarantine records, each written before the checkpoint moves past
-it (a mixin of :class:`~azure_functions_db.core.engine.Engine`)."""
+"""Failed attempts and the poison policies inside a run: count a failed handler call, raise the
+poison alert (``halt``), or isolate a poison batch's failing rows by bisection and park them in
+quarantine records, each written before the checkpoint moves past it (``quarantine``); a mixin
+of :class:`~azure_functions_db.core.engine.Engine`."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from azure_functions_db.core.batch import Batch, Change
 from azure_functions_db.core.checkpoint import Checkpoint
@@ -31,7 +32,9 @@ from azure_functions_db.core.quarantine import (
 )
 from azure_functions_db.errors import (
     CheckpointConflictError,
+    HandlerError,
     LeaseHeldError,
+    PoisonBatchError,
     QuarantineStateError,
     RecordExistsError,
     SinkFencedError,
@@ -93,6 +96,61 @@ class PoisonRuns:
 
         def _settle(self) -> None: ...
 
+    def _failed_attempt(
+        self, batch: Batch, claim: Claim, exc: BaseException, *, transient: bool = False
+    ) -> NoReturn:
+        """Count a failed handler call on the checkpoint and end the run the way its count
+        says (``HandlerError``, ``PoisonBatchError``, or quarantine due)."""
+        cfg = self.config
+        # Any way out of the handler but a normal return is a failed attempt, counted and
+        # logged: CancelledError too, and a Ctrl-C or sys.exit() before it ends the process.
+        # The attempt is counted on the record the previous batch's commit leaves (whose
+        # own failure, if any, ends the run instead; a Ctrl-C stays a Ctrl-C).
+        try:
+            self._settle()
+        except BaseException:
+            if isinstance(exc, KeyboardInterrupt | SystemExit):
+                raise exc from None
+            raise
+        cp = claim.checkpoint
+        failed = cp.failed(
+            fence=batch.fence, error=f"{type(exc).__name__}: {exc}", transient=transient
+        )
+        # Count the failed attempt on the checkpoint (best effort: the batch stays unacked).
+        claim.try_write(failed)
+        interrupted = isinstance(exc, KeyboardInterrupt | SystemExit)
+        self._log(
+            # Ctrl-C or sys.exit(): counted and logged, but not an error of the handler's
+            logging.INFO if interrupted else logging.ERROR,
+            "handler_interrupted" if interrupted else "handler_failed",
+            fence=batch.fence,
+            rows=len(batch),
+            attempt=failed.attempts,
+            position=cp.position,
+            error=type(exc).__name__,
+        )
+        self.observer.handler_failed(batch, failed.attempts)
+        if interrupted:
+            raise exc
+        if failed.attempts >= cfg.max_attempts and cfg.poison == "quarantine":
+            raise _QuarantineDue(exc, failed.attempts) from exc
+        if failed.attempts >= cfg.max_attempts:
+            # The alert: same batch, max_attempts failures. Nothing is skipped; an
+            # operator fixes the cause or moves past it with `afdb seek`.
+            self._log(
+                logging.CRITICAL,
+                "poison_batch",
+                fence=batch.fence,
+                rows=len(batch),
+                attempts=failed.attempts,
+                position=cp.position,
+                policy=cfg.poison,
+            )
+            raise PoisonBatchError(
+                cfg.key.poller, cfg.namespace, failed.attempts, len(batch)
+            ) from exc
+        raise HandlerError(cfg.key.poller, cfg.namespace, failed.attempts, len(batch)) from exc
+
     def _set_aside(
         self,
         batch: Batch,
@@ -137,7 +195,7 @@ class PoisonRuns:
             began = self.clock.monotonic()
             sub = self._batch(claim.checkpoint, claim.fence, part)
             claim.keeper.ensure_held()
-            error = self._try_handler(sub, claim)
+            error = self._try_handler(sub, claim, due)
             if error is None:
                 self._delivered(sub, part_rows, claim, report, began)
                 self._settle()  # the next part is read after this one's position
@@ -147,32 +205,40 @@ class PoisonRuns:
                 left[0] -= 1
                 self._quarantine(sub, claim, describe_error(error), due.attempts, report)
 
-    def _try_handler(self, batch: Batch, claim: Claim) -> BaseException | None:
+    def _try_handler(self, batch: Batch, claim: Claim, due: _QuarantineDue) -> BaseException | None:
         """One handler call while isolating poison rows: the error it raised, or ``None``.
 
-        A sink that is unavailable or fenced, and Ctrl-C, end the run as they would any other
-        call (the parts committed so far stay committed)."""
+        A sink that is fenced, and Ctrl-C, end the run as they would any other call (the parts
+        committed so far stay committed); so does a sink that is unavailable, unless the batch
+        became poison by failing with that kind of error again and again (then it is a row's
+        failure taken for a transient one, and this part's)."""
         try:
             self._invoke(batch, claim)
         except (SinkFencedError, KeyboardInterrupt, SystemExit):
             raise
         except TransientSinkError as exc:
+            if isinstance(due.error, TransientSinkError):
+                return self._part_failed(batch, exc)
             self._log(
                 logging.WARNING, "sink_unavailable", fence=batch.fence, error=describe_error(exc)
             )
             raise
         except BaseException as exc:  # noqa: BLE001 - the row's failure, recorded with it
-            self._log(
-                logging.WARNING,
-                "isolate_part_failed",
-                fence=batch.fence,
-                rows=len(batch),
-                position=batch.position_before,
-                error=type(exc).__name__,
-            )
-            self.observer.handler_failed(batch, batch.attempt)
-            return exc
+            return self._part_failed(batch, exc)
         return None
+
+    def _part_failed(self, batch: Batch, exc: BaseException) -> BaseException:
+        """Log and report a part of an isolation that failed; its error."""
+        self._log(
+            logging.WARNING,
+            "isolate_part_failed",
+            fence=batch.fence,
+            rows=len(batch),
+            position=batch.position_before,
+            error=type(exc).__name__,
+        )
+        self.observer.handler_failed(batch, batch.attempt)
+        return exc
 
     def _quarantine(
         self, batch: Batch, claim: Claim, error: str, attempts: int, report: RunReport

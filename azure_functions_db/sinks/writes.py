@@ -16,6 +16,7 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 
 from azure_functions_db.core.batch import Change
 from azure_functions_db.errors import ConfigurationError, SinkError, TransientSinkError
+from azure_functions_db.sources.transience import is_transient
 
 Rows = Iterable[Mapping[str, Any] | Change]
 #: MySQL/MariaDB storage engines that roll back (any other one ignores transactions).
@@ -31,14 +32,13 @@ def split_by_op(changes: Iterable[Change]) -> tuple[list[Change], list[Change]]:
 
 def sink_error(exc: sa_exc.SQLAlchemyError, what: str, scrub: Callable[[str], str]) -> SinkError:
     """The sink error for a driver error: ``TransientSinkError`` for what a retry may fix (a
-    dropped connection, a timeout), ``SinkError`` otherwise; ``what`` says who failed doing what
-    where, and the driver's first line passes through ``scrub`` (no secret in a message)."""
+    dropped connection, a timeout: by the driver's error code, see
+    :func:`~azure_functions_db.sources.transience.is_transient`), ``SinkError`` otherwise (a
+    CHECK constraint, an index row too large); ``what`` says who failed doing what where, and
+    the driver's first line passes through ``scrub`` (no secret in a message)."""
     cause: BaseException = getattr(exc, "orig", None) or exc
     detail = scrub(str(cause).strip().splitlines()[0] if str(cause).strip() else "")
-    transient = isinstance(
-        exc, sa_exc.OperationalError | sa_exc.DisconnectionError | sa_exc.TimeoutError
-    ) or (isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated)
-    kind = TransientSinkError if transient else SinkError
+    kind = TransientSinkError if is_transient(exc) else SinkError
     return kind(f"{what} ({type(cause).__name__}): {detail[:500]}")
 
 

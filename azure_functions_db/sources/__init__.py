@@ -2,11 +2,11 @@
 
 from azure_functions_db.sources._dialect_horizons import (
     MssqlRowversionHorizon,
-    MysqlTrxHorizon,
     PgSnapshotHorizon,
     PgXactStartHorizon,
     SqliteClockHorizon,
 )
+from azure_functions_db.sources._mysql_horizon import MysqlTrxHorizon
 from azure_functions_db.sources._target import HorizonTarget
 from azure_functions_db.sources.outbox import OutboxSource
 from azure_functions_db.sources.sqlalchemy import (

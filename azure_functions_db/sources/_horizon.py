@@ -26,12 +26,12 @@ from azure_functions_db.sources._dialect_horizons import (
     DEFAULT_SETTLE,
     TIME_KINDS,
     MssqlRowversionHorizon,
-    MysqlTrxHorizon,
     PgSnapshotHorizon,
     PgXactStartHorizon,
     SqliteClockHorizon,
     pg_cursor_type,
 )
+from azure_functions_db.sources._mysql_horizon import MysqlTrxHorizon
 from azure_functions_db.sources._target import HorizonTarget
 from azure_functions_db.sources.values import column_kind, time_bound
 

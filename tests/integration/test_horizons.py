@@ -39,9 +39,9 @@ from azure_functions_db.sources import (
 from azure_functions_db.sources._dialect_horizons import (
     MSSQL_ROWVERSION_SQL,
     MssqlRowversionHorizon,
-    MysqlTrxHorizon,
     PgXactStartHorizon,
 )
+from azure_functions_db.sources._mysql_horizon import MysqlTrxHorizon
 
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 MY_URL = "mysql+pymysql://root@127.0.0.1:3306/test"

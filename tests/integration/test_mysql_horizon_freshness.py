@@ -29,7 +29,7 @@ import sqlalchemy as sa
 from azure_functions_db.core.clock import SystemClock
 from azure_functions_db.core.engine import Engine, PollerConfig
 from azure_functions_db.core.position import Position
-from azure_functions_db.sources._dialect_horizons import MysqlTrxHorizon
+from azure_functions_db.sources._mysql_horizon import MysqlTrxHorizon
 from azure_functions_db.sources.sqlalchemy import SqlSource
 from azure_functions_db.state.memory import MemoryStateStore
 from devkit import dbservers

@@ -174,10 +174,13 @@ def test_an_async_handler_writes_through_the_sink(clock: FakeClock, sink: Memory
     assert len(sink.rows("copy")) == 4
 
 
-def test_a_sink_that_cannot_commit_is_not_counted_toward_poison(
+def test_a_sink_that_cannot_commit_is_not_counted_toward_poison_until_it_repeats(
     clock: FakeClock, sink: MemorySink, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from azure_functions_db.errors import TransientSinkError
+    """A transient sink error is infrastructure, not the batch: the first `max_attempts` in a
+    row at one position are not attempts. From then on each one counts, so an error no retry
+    fixes (taken for a transient one) reaches the poison alert instead of stalling unreported."""
+    from azure_functions_db.errors import HandlerError, PoisonBatchError, TransientSinkError
 
     source = MemorySource("orders", "v", "id", rows(2))
     store = MemoryStateStore(clock)
@@ -185,13 +188,27 @@ def test_a_sink_that_cannot_commit_is_not_counted_toward_poison(
     def handler(batch: Batch, writer: MemoryWriter) -> None:
         raise TransientSinkError("SqlSink could not write the batch: connection lost")
 
-    for _ in range(CONFIG.max_attempts + 1):
+    for n in range(1, CONFIG.max_attempts + 1):
         with caplog.at_level(logging.WARNING), pytest.raises(TransientSinkError):
             engine(source, store, sink, clock, handler).run({})
+        stored = store.read(CONFIG.key)
+        assert stored is not None
+        assert (stored.checkpoint.attempts, stored.checkpoint.transient_failures) == (0, n)
+    assert "action=sink_unavailable" in caplog.text
+    for n in range(1, CONFIG.max_attempts):
+        with pytest.raises(HandlerError):
+            engine(source, store, sink, clock, handler).run({})
+        stored = store.read(CONFIG.key)
+        assert stored is not None
+        assert stored.checkpoint.attempts == n
+    assert "action=sink_error_repeats" in caplog.text
+    with pytest.raises(PoisonBatchError):
+        engine(source, store, sink, clock, handler).run({})
+    # A batch that gets through resets both counts.
+    engine(source, store, sink, clock, lambda batch, writer: None).run({})
     stored = store.read(CONFIG.key)
     assert stored is not None
-    assert stored.checkpoint.attempts == 0
-    assert "action=sink_unavailable" in caplog.text
+    assert (stored.checkpoint.attempts, stored.checkpoint.transient_failures) == (0, 0)
 
 
 def test_a_sink_ahead_whose_positions_are_unknown_is_reported_not_trusted(
