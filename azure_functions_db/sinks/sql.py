@@ -247,13 +247,16 @@ class SqlSink:
         return self._engine
 
     def _create(self, engine: sa.Engine, positions: sa.Table) -> None:
-        with engines.transaction(engine) as conn:
-            try:
+        try:
+            with engines.transaction(engine) as conn:
                 positions.create(conn, checkfirst=True)
-            except sa_exc.DBAPIError:
-                # Another process created it between the check and the CREATE.
+        except sa_exc.DBAPIError:
+            # Another process created it between the check and the CREATE. On PostgreSQL the
+            # failed CREATE aborted that transaction, so look in a new one.
+            with engines.transaction(engine) as conn:
                 if not sa.inspect(conn).has_table(positions.name, schema=positions.schema):
                     raise
+        with engines.transaction(engine) as conn:
             check_transactional(conn, positions.name, positions.schema)
 
     @contextmanager
