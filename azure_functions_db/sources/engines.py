@@ -135,19 +135,25 @@ def _bound_pymysql_handshake(engine: sa.Engine, timeout: float) -> None:
     """PyMySQL's ``connect_timeout`` bounds only the TCP connect; the server's greeting and the
     login are read with ``read_timeout`` (none by default), so a server that accepts and then
     says nothing hangs the connect for ever. Bound those reads by the connect timeout, then
-    give the connection back its own read timeout for queries."""
+    give the connection back its own read timeout for queries. Neither listener connects: the
+    driver's connect runs after every ``do_connect`` listener (Entra ID sign-in puts its token
+    into the arguments in one of them)."""
     if engine.dialect.driver != "pymysql":
         return
 
     @sa.event.listens_for(engine, "do_connect")
-    def _connect(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> Any:
-        query_timeout = cparams.get("read_timeout")
+    def _bound(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> None:
+        record.info[_QUERY_READ_TIMEOUT] = cparams.get("read_timeout")
         cparams["read_timeout"] = cparams.get("connect_timeout") or timeout
-        connection = dialect.loaded_dbapi.connect(*cargs, **cparams)
+
+    @sa.event.listens_for(engine, "connect", insert=True)
+    def _unbound(dbapi_connection: Any, record: Any) -> None:
         # PyMySQL keeps the query read timeout in `_read_timeout` and applies it before each
         # read; there is no public setter.
-        connection._read_timeout = query_timeout
-        return connection
+        dbapi_connection._read_timeout = record.info.pop(_QUERY_READ_TIMEOUT, None)
+
+
+_QUERY_READ_TIMEOUT = "afdb_query_read_timeout"
 
 
 def utc_sessions(engine: sa.Engine) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
@@ -17,15 +17,58 @@ from azure_functions_db.core.settings import setting_value
 from azure_functions_db.errors import ConfigurationError
 
 PLACEHOLDER = re.compile(r"%([A-Za-z_][A-Za-z0-9_]*)%")
+_HEX_PAIR = re.compile(r"[0-9A-Fa-f]{2}")
+
+
+def placeholders(text: str, settings: Mapping[str, str] | None = None) -> list[re.Match[str]]:
+    """The ``%NAME%`` setting references in ``text``, left to right; never a percent-escape.
+
+    A URL may be percent-encoded (``p%C3%A4ss`` is ``päss``), and ``%C3%`` or ``%A4ss%`` look
+    like references. In a percent-encoded text every ``%`` is followed by two hex digits, so a
+    candidate whose name starts with two hex digits is an escape when its closing ``%`` is
+    followed by two hex digits too, unless the name is a setting that exists (``%C3%A4``,
+    ``%A4ss%40``: escapes; ``%DB_URL%``, or ``%DB%`` before ``@``, ``/``, ``?`` or the end:
+    references, reported when the setting is missing). A literal ``%NAME%`` is written with
+    its ``%`` signs encoded: ``%25NAME%25``.
+    """
+    found: list[re.Match[str]] = []
+    at = 0
+    while (match := PLACEHOLDER.search(text, at)) is not None:
+        if _is_escape(match, text, settings):
+            at = match.start() + 3  # past the `%HH`
+            continue
+        found.append(match)
+        at = match.end()
+    return found
+
+
+def _is_escape(match: re.Match[str], text: str, settings: Mapping[str, str] | None) -> bool:
+    name = match.group(1)
+    if not _HEX_PAIR.match(name) or (settings is not None and name in settings):
+        return False
+    return bool(_HEX_PAIR.match(text, match.end()))
+
+
+def substitute(text: str, found: list[re.Match[str]], value: Callable[[str], str]) -> str:
+    """``text`` with each reference of ``found`` (from :func:`placeholders`) replaced by
+    ``value(name)``."""
+    parts: list[str] = []
+    at = 0
+    for match in found:
+        parts.extend((text[at : match.start()], value(match.group(1))))
+        at = match.end()
+    parts.append(text[at:])
+    return "".join(parts)
 
 
 def resolve_settings(template: str, settings: Mapping[str, str], where: str) -> str:
-    """``template`` with every ``%NAME%`` replaced by ``settings[NAME]`` (one pass)."""
-
-    def replace(match: re.Match[str]) -> str:
-        return setting_value(settings, match.group(1), where)
-
-    return PLACEHOLDER.sub(replace, template)
+    """``template`` with every ``%NAME%`` replaced by ``settings[NAME]`` (one pass; a
+    percent-escape such as ``%C3`` is left as it is, see :func:`placeholders`)."""
+    return substitute(
+        template,
+        placeholders(template, settings),
+        lambda name: setting_value(settings, name, where),
+    )
 
 
 _SETTING_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -75,12 +118,13 @@ def resolve_url(template: str | sa.URL, settings: Mapping[str, str], what: str) 
     if isinstance(template, sa.URL):
         return template
     text = template.strip()
-    if PLACEHOLDER.fullmatch(text):
+    found = placeholders(text, settings)
+    if len(found) == 1 and found[0].group(0) == text:
         return parse_url(resolve_settings(text, settings, what), what)
-    names = PLACEHOLDER.findall(text)
+    names = [m.group(1) for m in found]
     values = {name: setting_value(settings, name, what) for name in names}
     tokens = {f"afdbsetting{i}x": name for i, name in enumerate(dict.fromkeys(names))}
-    tokenized = PLACEHOLDER.sub(lambda m: _token_of(tokens, m.group(1)), text)
+    tokenized = substitute(text, found, lambda name: _token_of(tokens, name))
     try:
         url = sa.make_url(tokenized)
     except (sa_exc.ArgumentError, ValueError):
@@ -178,15 +222,14 @@ def masked_url(template: str | sa.URL) -> str:
     """``template`` with any literal password masked, placeholders shown as written."""
     if isinstance(template, sa.URL):
         return render_masked(template)
-    settings = PLACEHOLDER.findall(template)
-    tokens = {f"afdbsetting{i}x": f"%{name}%" for i, name in enumerate(settings)}
-    text = template
-    for token, placeholder in tokens.items():
-        text = text.replace(placeholder, token, 1)
+    found = placeholders(template)
+    tokens = {f"afdbsetting{i}x": m.group(0) for i, m in enumerate(found)}
+    numbered = iter(tokens)
+    text = substitute(template, found, lambda _: next(numbered))
     try:
         text = render_masked(sa.make_url(text))
     except (sa_exc.ArgumentError, ValueError):
-        if set(PLACEHOLDER.sub("", template).strip()) - {""}:
+        if set(substitute(template, found, lambda _: "").strip()) - {""}:
             return "<database url>"
         return template
     for token, placeholder in tokens.items():

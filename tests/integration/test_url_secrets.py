@@ -75,3 +75,15 @@ def test_the_sql_sink_takes_the_password_setting_too(pg: Db):
         assert "p@ss" not in sink.describe()
     finally:
         sink.close()
+
+
+@pytest.mark.parametrize("encoded", ["p%C3%A4ss", "%C3%A4%40x%CE%A9", "ab%C2%A4ss%40"])
+def test_a_percent_encoded_password_in_the_url_opens(pg: Db, encoded):
+    """``%C3%`` and ``%A4ss%`` are escapes, not references to settings ``C3`` or ``A4ss``."""
+    _orders(pg)
+    url = TEMPLATE.replace("%PW%", encoded)
+    source = SqlSource(url, table="orders", cursor="at", schema=pg.schema, horizon="none")
+    assert _drained(source, {}) == [1, 2, 3]
+    sink = SqlSink(url, position_table="afdb_positions", schema=pg.schema)
+    sink.open({})
+    sink.close()

@@ -77,3 +77,39 @@ def test_connection_names_a_setting_and_excludes_url():
     with pytest.raises(ConfigurationError, match="not a database URL"):
         SqlSource(table="orders", cursor="updated_at")
     assert "%TARGET_DB%" in repr(SqlSink(connection="TARGET_DB"))
+
+
+@pytest.mark.parametrize(
+    ("password", "encoded"),
+    [
+        ("päss", "p%C3%A4ss"),  # %C3% looks like a reference to a setting C3
+        ("ä@x", "%C3%A4%40x"),  # and %A4%
+        ("ab¤ss@", "ab%C2%A4ss%40"),  # %A4ss% looks like a reference to A4ss
+        ("Ωmega#1", "%CE%A9mega%231"),
+    ],
+)
+def test_a_percent_encoded_url_is_not_read_as_holding_settings(password, encoded):
+    text = f"postgresql+psycopg://app:{encoded}@db.example.com:5432/orders"
+    url = resolve_url(text, {}, "test")
+    assert (url.password, url.host, url.database) == (password, "db.example.com", "orders")
+    assert encoded not in masked_url(text)
+    assert password not in masked_url(text)
+
+
+def test_a_reference_whose_name_starts_with_hex_digits_is_still_a_reference():
+    template = "postgresql+psycopg://app:%DB_PW%@%DB_HOST%/%DB%?application_name=%AB%"
+    settings = {"DB_PW": "p@ss", "DB_HOST": "h", "DB": "orders", "AB": "x"}
+    url = resolve_url(template, settings, "test")
+    assert (url.password, url.host, url.database, url.query) == (
+        "p@ss",
+        "h",
+        "orders",
+        {"application_name": "x"},
+    )
+    with pytest.raises(ConfigurationError, match="DB_PW"):
+        resolve_url(template, {"DB_HOST": "h", "DB": "orders", "AB": "x"}, "test")
+
+
+def test_a_literal_percent_name_is_written_encoded():
+    url = resolve_url("postgresql+psycopg://app:%25PW%25@h/db", {}, "test")
+    assert url.password == "%PW%"
