@@ -1,13 +1,16 @@
-"""``python -m soak``: run the chaos soak, judge it, exit 1 on any violation."""
+"""``python -m soak``: run the chaos soak on PostgreSQL, MariaDB or both, judge each run, exit 1
+on any violation."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from soak.maria import DEFAULT_MARIADB, MariaSoak
 from soak.run import DEFAULT_PG, Options, Soak
 
 
@@ -46,7 +49,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="with --no-sink: one checkpoint commit per this many rows (coalesced commits)",
     )
     parser.add_argument("--pg", default=DEFAULT_PG, help="PostgreSQL URI (default %(default)s)")
+    parser.add_argument(
+        "--db",
+        choices=("pg", "mariadb", "both"),
+        default="both",
+        help="which database (default both, one after the other, each for --seconds)",
+    )
+    parser.add_argument(
+        "--mariadb", default=DEFAULT_MARIADB, help="MariaDB URL (default %(default)s)"
+    )
     args = parser.parse_args(argv)
+    if args.db != "pg" and (args.no_sink or args.checkpoint_every is not None):
+        parser.error("--no-sink and --checkpoint-every are for the PostgreSQL soak (--db pg)")
     if args.checkpoint_every is not None and not args.no_sink:
         parser.error("--checkpoint-every needs --no-sink (a sink commits every batch)")
     seed = random.SystemRandom().randrange(1, 10**6) if args.seed == "random" else int(args.seed)
@@ -63,16 +77,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         sink=not args.no_sink,
         checkpoint_every=args.checkpoint_every,
     )
-    soak = Soak(options)
-    report = soak.run()
-    print(report.summary())
-    if report.violations:
-        print(f"soak FAILED (seed {seed}; evidence kept in {soak.out}):", file=sys.stderr)
-        for violation in report.violations:
-            print(f"  {violation}", file=sys.stderr)
-        return 1
-    print(f"soak OK (seed {seed}; evidence in {soak.out})")
-    return 0
+    failed = False
+    for db in ("pg", "mariadb") if args.db == "both" else (args.db,):
+        out = options.out / db if options.out is not None and args.db == "both" else options.out
+        run = dataclasses.replace(options, out=out)
+        soak = Soak(run) if db == "pg" else MariaSoak(run, args.mariadb)
+        print(f"soak: {'PostgreSQL' if db == 'pg' else 'MariaDB'}", flush=True)
+        report = soak.run()
+        print(report.summary())
+        if report.violations:
+            failed = True
+            print(
+                f"soak FAILED on {db} (seed {seed}; evidence kept in {soak.out}):", file=sys.stderr
+            )
+            for violation in report.violations:
+                print(f"  {violation}", file=sys.stderr)
+        else:
+            print(f"soak OK on {db} (seed {seed}; evidence in {soak.out})")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -32,8 +32,13 @@ Violations (any one fails the soak):
 Reported, not judged: (d) the duplicate ratio; the longest time the checkpoint stood still while
 committed rows waited; the COMMIT-to-delivery delay (p50, p99); faults by kind.
 
-Positions are compared in Python here, which is exact for this table's own key
-(``timestamptz``, ``bigint``) and only for it: the product never orders positions in Python.
+Positions are compared in Python here, which is exact for the soak tables' own keys and only
+for them: PostgreSQL's (``timestamptz``, ``bigint``), and MariaDB's (naive ``DATETIME(6)``, an
+ASCII ``VARCHAR`` id of letters, digits and ``-`` under the default case-insensitive collation,
+which orders as its upper-case form does). The product never orders positions in Python.
+
+A MariaDB soak (several pollers, one table each) keeps one folder per poller under the evidence
+folder, judged each on its own with the shared ``faults.jsonl``; :func:`check` finds them.
 
 ``python -m soak.check FOLDER`` judges a kept evidence folder again.
 """
@@ -47,20 +52,24 @@ import json
 import math
 import re
 import sys
+import zlib
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from devkit.evidence import read_all
 
-Pair = tuple[int, int]
+Row = int | str
+Pair = tuple[Row, int]
 
 
-def poisoned(row: int, version: int) -> bool:
-    """Whether the soak's handler fails on every batch holding this version (about 1 in 997)."""
-    return (row * 31 + version) % 997 == 7
+def poisoned(row: Row, version: int) -> bool:
+    """Whether the soak's handler fails on every batch holding this version (about 1 in 997;
+    a string id counts as its collation sees it, case-insensitively)."""
+    number = row if isinstance(row, int) else zlib.crc32(row.upper().encode())
+    return (number * 31 + version) % 997 == 7
 
 
 # The engine's events that end a handler call's batch: acknowledged, or not.
@@ -216,14 +225,24 @@ class Report:
         return "\n".join(lines)
 
 
-def _pairs(rows: Iterable[Sequence[int]]) -> list[Pair]:
-    return [(int(r[0]), int(r[1])) for r in rows]
+def _row(value: Any) -> Row:
+    return value if isinstance(value, str) else int(value)
 
 
-def _position(raw: Sequence[Any] | None) -> tuple[dt.datetime, int] | None:
+def _pairs(rows: Iterable[Sequence[Any]]) -> list[Pair]:
+    return [(_row(r[0]), int(r[1])) for r in rows]
+
+
+def _order(row: Row) -> Row:
+    """A key's place in its table's order: a string id under a case-insensitive collation
+    orders as its upper-case form."""
+    return row.upper() if isinstance(row, str) else row
+
+
+def _position(raw: Sequence[Any] | None) -> tuple[dt.datetime, Row] | None:
     if raw is None:
         return None
-    return dt.datetime.fromisoformat(str(raw[0])), int(raw[1])
+    return dt.datetime.fromisoformat(str(raw[0])), _order(_row(raw[1]))
 
 
 def _percentile(values: Sequence[float], q: float) -> float | None:
@@ -234,7 +253,46 @@ def _percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def check(folder: Path) -> Report:
-    """Judge the evidence in ``folder`` (the layout ``soak.run`` writes)."""
+    """Judge the evidence in ``folder`` (the layout ``soak.run`` writes); for a soak of several
+    pollers, each poller's folder on its own, in one report (:func:`merge`)."""
+    meta = json.loads((folder / "meta.json").read_text())
+    names = meta.get("poller_names")
+    if names:
+        return merge({name: _check_one(folder / name, folder) for name in names}, meta)
+    return _check_one(folder, folder)
+
+
+def merge(reports: Mapping[str, Report], meta: Mapping[str, Any]) -> Report:
+    """One report of several pollers' reports: counts added, examples and findings kept with
+    the poller's name, the faults (shared) once, the worst standstill and delays."""
+    merged = Report(
+        control=bool(meta.get("control")),
+        seed=meta.get("seed"),
+        seconds=float(meta.get("seconds", 0)),
+        poller_exits=int(meta.get("poller_exits", 0)),
+    )
+    merged.harness.extend(meta.get("harness", []))
+    for name, part in reports.items():
+        merged.faults = part.faults
+        for f in fields(Report):
+            if f.name in ("control", "seed", "seconds", "poller_exits", "faults"):
+                continue
+            mine, theirs = getattr(merged, f.name), getattr(part, f.name)
+            if f.name in ("longest_standstill", "delay_p50", "delay_p99"):
+                known = [v for v in (mine, theirs) if v is not None]
+                setattr(merged, f.name, max(known) if known else None)
+            elif isinstance(theirs, list):
+                mine.extend(x if not isinstance(x, str) else f"{name}: {x}" for x in theirs)
+            elif isinstance(theirs, int | float) and not isinstance(theirs, bool):
+                setattr(merged, f.name, (mine or 0) + theirs)
+    if merged.delivered:
+        merged.duplicate_ratio = merged.delivered / max(1, merged.distinct_delivered) - 1
+    merged.harness = list(dict.fromkeys(merged.harness))
+    return merged
+
+
+def _check_one(folder: Path, shared: Path) -> Report:
+    """Judge one poller's evidence in ``folder``; ``faults.jsonl`` is in ``shared``."""
     meta = json.loads((folder / "meta.json").read_text())
     report = Report(
         control=bool(meta.get("control")),
@@ -243,7 +301,7 @@ def check(folder: Path) -> Report:
         poller_exits=int(meta.get("poller_exits", 0)),
     )
     report.harness.extend(meta.get("harness", []))
-    faults = read_all(folder, "faults.jsonl")
+    faults = read_all(shared, "faults.jsonl")
     # A fault the driver had to skip (Azurite already frozen) is not counted.
     report.faults = dict(
         Counter(str(f["kind"]) for f in faults if f["ev"] == "fault" and not f.get("skipped"))
@@ -290,7 +348,7 @@ def _quarantined(folder: Path, commits: Mapping[Pair, float], report: Report) ->
     if not path.exists():
         return set()
     records = json.loads(path.read_text())
-    parked = {(int(r[0]), int(r[1])) for record in records for r in record["rows"]}
+    parked = set(_pairs(r for record in records for r in record["rows"]))
     report.quarantine_records, report.quarantined = len(records), len(parked)
     report.poison_quarantined = sum(1 for p in parked if poisoned(*p))
     report.quarantined_good = len(parked) - report.poison_quarantined
@@ -302,12 +360,12 @@ def _sink(folder: Path, commits: Mapping[Pair, float], parked: set[Pair], report
     path = folder / "sink.json"
     if not path.exists():
         return
-    rows = [(int(r[0]), int(r[1])) for r in json.loads(path.read_text())]
+    rows = _pairs(json.loads(path.read_text()))
     report.sink_rows = len(rows)
     counts = Counter(rows)
     twice = sorted(p for p, n in counts.items() if n > 1)
     report.sink_duplicates, report.sink_duplicate_examples = len(twice), twice[:EXAMPLES]
-    newest: dict[int, int] = {}
+    newest: dict[Row, int] = {}
     for row, version in [*counts, *parked]:
         newest[row] = max(version, newest.get(row, -1))
     lost = sorted(p for p in commits if newest.get(p[0], -1) < p[1])
@@ -356,7 +414,7 @@ class _Handlers:
     """What the handlers were given, and every fence grant the pollers logged."""
 
     def __init__(self, events: Iterable[dict[str, Any]], report: Report) -> None:
-        self.deliveries: dict[int, list[tuple[float, int]]] = defaultdict(list)
+        self.deliveries: dict[Row, list[tuple[float, int]]] = defaultdict(list)
         self.delivered = Counter[Pair]()
         self.grants: list[tuple[float, int]] = []
         self.own_grants: list[tuple[float, int]] = []  # from the pollers' lease_acquired only
@@ -440,12 +498,15 @@ def _committed_later(handlers: _Handlers, start: dict[str, Any]) -> bool:
     return False
 
 
-def _logged_position(text: str) -> tuple[dt.datetime, int] | None:
-    """A position as the engine logs it: ``(cursor=(<ISO time>), pk=(<id>))``."""
-    match = re.fullmatch(r"\(cursor=\(([^)]*)\), pk=\((-?\d+)\)\)", text.strip())
+def _logged_position(text: str) -> tuple[dt.datetime, Row] | None:
+    """A position as the engine logs it: ``(cursor=(<ISO time>), pk=(<id>))``, a string id
+    in quotes."""
+    match = re.fullmatch(r"\(cursor=\(([^)]*)\), pk=\((-?\d+|'[^']*')\)\)", text.strip())
     if match is None:
         return None
-    return dt.datetime.fromisoformat(match.group(1)), int(match.group(2))
+    pk = match.group(2)
+    row: Row = pk[1:-1] if pk.startswith("'") else int(pk)
+    return dt.datetime.fromisoformat(match.group(1)), _order(row)
 
 
 def _liveness(
@@ -469,7 +530,7 @@ def _liveness(
 
 
 def _regressions(samples: Sequence[dict[str, Any]], report: Report) -> None:
-    last_position: tuple[dt.datetime, int] | None = None
+    last_position: tuple[dt.datetime, Row] | None = None
     last_cp = last_lease = 0
     for s in samples:
         at = f"t={float(s['t']):.3f}"

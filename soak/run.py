@@ -240,13 +240,15 @@ class Soak:
             "SOAK_CHECKPOINT_EVERY": str(self.o.checkpoint_every or ""),
         }
 
-    def spawn(self, args: list[str], log: Path) -> tuple[subprocess.Popen[bytes], IO[bytes]]:
+    def spawn(
+        self, args: list[str], log: Path, extra: dict[str, str] | None = None
+    ) -> tuple[subprocess.Popen[bytes], IO[bytes]]:
         log.parent.mkdir(parents=True, exist_ok=True)
         output = log.open("ab")
         process = subprocess.Popen(
             [sys.executable, *args],
             cwd=REPO,
-            env=self.env(),
+            env={**self.env(), **(extra or {})},
             stdin=subprocess.DEVNULL,
             stdout=output,
             stderr=subprocess.STDOUT,
@@ -262,6 +264,12 @@ class Soak:
         )
         slot.process, slot.stopped_until = process, None
         slot.outputs.append(output)
+
+    def start_writer(self, index: int) -> None:
+        process, _ = self.spawn(
+            ["-m", "soak.writer", str(index)], self.out / "writers" / f"writer-{index}.log"
+        )
+        self.writers.append(process)
 
     # -- the monitor ------------------------------------------------------------------------
 
@@ -404,10 +412,7 @@ class Soak:
         try:
             self.t0 = time.monotonic()
             for i in range(o.writers):
-                process, _ = self.spawn(
-                    ["-m", "soak.writer", str(i)], self.out / "writers" / f"writer-{i}.log"
-                )
-                self.writers.append(process)
+                self.start_writer(i)
             for slot in self.slots:
                 self.start_poller(slot)
             monitor.start()
@@ -468,14 +473,18 @@ class Soak:
         deadline = time.monotonic() + self.o.drain_timeout
         while time.monotonic() < deadline:
             self.watch_pollers()
-            if self.rows_after(self.latest.get("position")) == 0:
+            if self.backlog() == 0:
                 self.faults.write("drained", at=round(self.elapsed(), 3))
                 return
             time.sleep(0.5)
         self.harness.append(
             f"the drain did not reach the table's last row within {self.o.drain_timeout:.0f} s "
-            f"({self.rows_after(self.latest.get('position'))} row(s) after the checkpoint)"
+            f"({self.backlog()} row(s) after the checkpoint)"
         )
+
+    def backlog(self) -> int:
+        """Rows the database orders after the checkpoint the monitor saw last."""
+        return self.rows_after(self.latest.get("position"))
 
     def rows_after(self, position: list[Any] | None) -> int:
         """How many rows the database orders after ``position`` (all rows if ``None``)."""

@@ -213,7 +213,19 @@ def transaction(engine: sa.Engine) -> Iterator[sa.Connection]:
     """
     with engine.connect() as conn:
         if _autocommits(conn):
-            conn.execution_options(isolation_level=conn.default_isolation_level)
+            try:
+                conn.execution_options(isolation_level=conn.default_isolation_level)
+            except Exception as exc:
+                # Switching the isolation talks to the server on some drivers (PyMySQL sends
+                # `SET autocommit`), outside SQLAlchemy's disconnect handling: on a connection
+                # the server closed (KILL, a restart) the driver's own error comes out, and the
+                # pool would hand the dead connection out again and again. Drop it, and say it
+                # as the lost connection it most likely is (a retry takes a new one).
+                conn.invalidate(exc)
+                raise sa_exc.DisconnectionError(
+                    f"the connection failed when its transaction began ({type(exc).__name__}: "
+                    f"{exc})"
+                ) from exc
         with conn.begin():
             yield conn
 

@@ -1,0 +1,85 @@
+"""What a soak poller's handler does with a batch (shared by the PostgreSQL and MariaDB apps).
+
+It refuses every batch holding a planted poison version (only ``poison="quarantine"`` gets the
+poller past it), writes the batch through the sink (one row per delivered version), logs the
+fence and time it started under, then sometimes works slowly, freezes past its lease or fails;
+once the driver creates the drain flag it does none of that, so the drain is quick. Last it logs
+every (id, version) of the batch, with fsync, before it returns.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import azure_functions_db as afdb
+from devkit.evidence import EvidenceLog
+from soak.check import poisoned
+
+# Chances per handler call (none while draining); otherwise it works 20-100 ms, like a handler
+# that writes somewhere, so a fault often lands while a batch is in flight.
+P_FAIL, P_FREEZE, P_SLOW = 0.02, 0.01, 0.08
+WORK = (0.02, 0.1)
+
+
+def position(value: afdb.Position | None) -> list[Any] | None:
+    return None if value is None else [*value.cursor, *value.pk]
+
+
+@dataclass
+class SoakHandler:
+    """One poller's handler: its evidence log, its drain flag, its sink table."""
+
+    events: EvidenceLog
+    drain: Path
+    applied: str
+    lease_seconds: float
+    calm: bool
+    rng: random.Random
+
+    def __call__(self, batch: afdb.Batch, sink: afdb.SqlWriter | None) -> None:
+        bad = [[c.pk, c.data["version"]] for c in batch if poisoned(c.pk, c.data["version"])]
+        if bad:  # always, draining or not: only quarantine gets the poller past these
+            self.events.write("poison", fence=batch.fence, attempt=batch.attempt, rows=bad)
+            raise ValueError(f"soak: planted poison version(s) {bad}")
+        if sink is not None:
+            sink.insert(
+                self.applied,
+                [
+                    {
+                        "id": c.pk,
+                        "version": c.data["version"],
+                        "fence": batch.fence,
+                        "pid": os.getpid(),
+                    }
+                    for c in batch
+                ],
+            )
+        started = self.events.write(
+            "start", fence=batch.fence, attempt=batch.attempt, rows=len(batch)
+        )
+        if not self.calm and not self.drain.exists():
+            draw = self.rng.random()
+            if draw < P_FAIL:
+                self.events.write("fail", fence=batch.fence)
+                raise RuntimeError("soak: injected handler failure")
+            if draw < P_FAIL + P_FREEZE:
+                self.events.write("freeze", fence=batch.fence, seconds=self.lease_seconds + 3)
+                time.sleep(self.lease_seconds + 3)
+            elif draw < P_FAIL + P_FREEZE + P_SLOW:
+                time.sleep(self.rng.uniform(0.2, 2.5))
+            else:
+                time.sleep(self.rng.uniform(*WORK))
+        self.events.write(
+            "deliver",
+            fence=batch.fence,
+            started=started,
+            attempt=batch.attempt,
+            before=position(batch.position_before),
+            after=position(batch.position_after),
+            rows=[[change.pk, change.data["version"]] for change in batch],
+        )

@@ -1,0 +1,331 @@
+"""The chaos soak on MariaDB: several pollers of one app on several tables of one server.
+
+The same driver, faults and checker as the PostgreSQL soak (:mod:`soak.run`), on what a
+MariaDB user runs: three pollers of one app (``soak.maria_app``), one table each, two in the
+low-latency mode and one as timer runs, each with two processes competing for its lease, all
+reading ``information_schema.innodb_trx`` on one server at once. Tables have a string primary key
+under the server's default case-insensitive collation and a naive ``DATETIME(6)`` cursor stamped
+with ``NOW(6)`` in a zone that is not UTC (the writers' sessions; the pollers say so with
+``cursor_timezone``); writers commit late, roll back, and span tables in one transaction. Each
+poller writes through a ``SqlSink`` into MariaDB. Faults: the PostgreSQL soak's, with
+``KILL CONNECTION`` for the database sessions (the pollers' and the writers' each have their own
+user, which is how they are found).
+
+Evidence: as the PostgreSQL soak's, with one folder per poller (``events/``, ``writers/`` (the
+changes of that poller's table), ``samples.jsonl``, ``history.json``, ``sink.json``,
+``quarantine.json``, ``meta.json``) beside the shared ``faults.jsonl`` and ``meta.json``, which
+names the pollers (``poller_names``); :func:`soak.check.check` judges each folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import json
+import time
+import urllib.parse
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import pymysql
+from azure.storage.blob import ExponentialRetry
+
+import azure_functions_db as afdb
+from devkit.evidence import EvidenceLog, read_events
+from soak.run import CONTAINER, REPO, SAMPLE_EVERY, Fault, Options, Slot, Soak
+
+DEFAULT_MARIADB = "mysql://root@127.0.0.1:3306/test"
+#: The writers' session zone (no daylight saving time) and the pollers' ``cursor_timezone``.
+ZONE, ZONE_OFFSET = "Asia/Kolkata", "+05:30"
+
+
+@dataclass(frozen=True)
+class Poller:
+    name: str
+    table: str
+    mode: str  # "low" (low-latency) or "timer"
+
+    @property
+    def key(self) -> afdb.PollerKey:
+        return afdb.PollerKey(namespace="live", poller=self.name)
+
+
+class MariaSoak(Soak):
+    """The soak's driver over MariaDB (``python -m soak --db mariadb``)."""
+
+    def __init__(self, options: Options, server: str = DEFAULT_MARIADB) -> None:
+        if options.out is None:
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            out = REPO / ".afdb" / "soak" / f"{stamp}-seed{options.seed}-mariadb"
+            options = dataclasses.replace(options, out=out)
+        super().__init__(options)
+        self.server = urllib.parse.urlsplit(server)
+        tag = uuid.uuid4().hex[:8]
+        self.table = f"soak_{tag}"
+        self.pollers = [
+            Poller("orders_ll", f"soak_{tag}_ll", "low"),
+            Poller("orders_ll2", f"soak_{tag}_ll2", "low"),
+            Poller("orders_timer", f"soak_{tag}_tm", "timer"),
+        ]
+        self.poller_user, self.writer_user = f"soakp_{tag}", f"soakw_{tag}"
+        # Two processes per poller (one with `--pollers 1`), competing for its lease.
+        per = 2 if options.pollers > 1 else 1
+        self.slots = [Slot(i) for i in range(per * len(self.pollers))]
+        self.slot_poller = {
+            slot.index: self.pollers[slot.index % len(self.pollers)] for slot in self.slots
+        }
+        self.latest_by: dict[str, dict[str, Any]] = {}
+        self.samples_by = {
+            p.name: EvidenceLog(self.out / p.name / "samples.jsonl") for p in self.pollers
+        }
+
+    # -- setup ------------------------------------------------------------------------------
+
+    @property
+    def database(self) -> str:
+        return self.server.path.lstrip("/") or "test"
+
+    def maria(self) -> pymysql.connections.Connection[Any]:
+        return pymysql.connect(
+            host=self.server.hostname or "127.0.0.1",
+            port=self.server.port or 3306,
+            user=self.server.username or "root",
+            password=self.server.password or "",
+            database=self.database,
+            autocommit=True,
+        )
+
+    def create_tables(self) -> None:
+        with self.maria() as conn, conn.cursor() as cur:
+            for p in self.pollers:
+                cur.execute(
+                    f"CREATE TABLE `{p.table}` (id varchar(40) NOT NULL PRIMARY KEY, "
+                    "version bigint NOT NULL, writer int NOT NULL, "
+                    "updated_at datetime(6) NOT NULL, KEY (updated_at, id)) ENGINE=InnoDB"
+                )
+                cur.execute(
+                    f"CREATE TABLE `{p.table}_history` (id varchar(40) NOT NULL, "
+                    "version bigint NOT NULL, PRIMARY KEY (id, version)) ENGINE=InnoDB"
+                )
+                # One row per delivered version, no unique key: a batch applied twice shows as
+                # duplicates, a lost one as missing.
+                cur.execute(
+                    f"CREATE TABLE `{p.table}_applied` (n bigint AUTO_INCREMENT PRIMARY KEY, "
+                    "id varchar(40) NOT NULL, version bigint NOT NULL, fence bigint NOT NULL, "
+                    "pid int NOT NULL) ENGINE=InnoDB"
+                )
+            for user in (self.poller_user, self.writer_user):
+                cur.execute(f"CREATE USER '{user}'@'%%'")
+                cur.execute(f"GRANT ALL ON `{self.database}`.* TO '{user}'@'%%'")
+            # What the commit-safe horizon reads: information_schema.innodb_trx.
+            cur.execute(f"GRANT PROCESS ON *.* TO '{self.poller_user}'@'%%'")
+
+    def drop_tables(self) -> None:
+        with self.maria() as conn, conn.cursor() as cur:
+            for p in self.pollers:
+                for suffix in ("", "_history", "_applied", "_positions"):
+                    cur.execute(f"DROP TABLE IF EXISTS `{p.table}{suffix}`")
+            for user in (self.poller_user, self.writer_user):
+                cur.execute(f"DROP USER IF EXISTS '{user}'@'%%'")
+
+    def url(self, user: str, scheme: str) -> str:
+        host = self.server.hostname or "127.0.0.1"
+        return f"{scheme}://{user}@{host}:{self.server.port or 3306}/{self.database}"
+
+    def env(self) -> dict[str, str]:
+        env = super().env()
+        env.update(
+            {
+                "SOAK_DB_URL": self.url(self.poller_user, "mysql+pymysql"),
+                "SOAK_MARIA_WRITER_URL": self.url(self.writer_user, "mysql"),
+                "SOAK_POLLERS": ",".join(f"{p.name}:{p.table}:{p.mode}" for p in self.pollers),
+                "SOAK_TABLES": ",".join(p.table for p in self.pollers),
+                "SOAK_ZONE": ZONE,
+                "SOAK_ZONE_OFFSET": ZONE_OFFSET,
+                "SOAK_EVIDENCE": str(self.out / "writers"),
+            }
+        )
+        return env
+
+    def start_poller(self, slot: Slot) -> None:
+        poller = self.slot_poller[slot.index]
+        slot.generation += 1
+        events = self.out / poller.name / "events"
+        process, output = self.spawn(
+            ["-m", "azure_functions_db", "run", "soak.maria_app", "--poller", poller.name],
+            self.out / "pollers" / f"{poller.name}-slot{slot.index}-{slot.generation}.log",
+            {"SOAK_EVENTS": str(events)},
+        )
+        slot.process, slot.stopped_until = process, None
+        slot.outputs.append(output)
+
+    def start_writer(self, index: int) -> None:
+        process, _ = self.spawn(
+            ["-m", "soak.maria_writer", str(index)], self.out / "writers" / f"writer-{index}.log"
+        )
+        self.writers.append(process)
+
+    # -- the monitor ------------------------------------------------------------------------
+
+    def monitor(self) -> None:
+        """Every half second, each poller's checkpoint, then its lease."""
+        store = afdb.BlobStateStore(
+            container=CONTAINER,
+            settings={"AzureWebJobsStorage": self.azurite.connection_string},
+            client_options={
+                "connection_timeout": 2,
+                "read_timeout": 3,
+                "retry_policy": ExponentialRetry(retry_total=0),
+            },
+        )
+        while not self.stop_monitor.wait(SAMPLE_EVERY):
+            for p in self.pollers:
+                log = self.samples_by[p.name]
+                try:
+                    stored = store.read(p.key)
+                    lease = store.inspect(p.key)
+                except Exception as exc:  # noqa: BLE001 - a failed read is a sample too
+                    log.write("sample", error=type(exc).__name__)
+                    continue
+                cp = stored.checkpoint if stored is not None else None
+                position = None
+                if cp is not None and cp.position is not None:
+                    position = [*cp.position.cursor, *cp.position.pk]
+                self.latest_by[p.name] = {"position": position, "holder": lease.holder}
+                log.write(
+                    "sample",
+                    cp_fence=None if cp is None else cp.fence,
+                    position=position,
+                    lease_fence=lease.fence,
+                    lease_state=lease.state,
+                    holder=lease.holder,
+                )
+
+    # -- faults -----------------------------------------------------------------------------
+
+    def target(self, draw: float) -> Slot:
+        """A lease holder of the poller ``draw`` picks, if a live process holds it."""
+        poller = self.pollers[min(len(self.pollers) - 1, int(draw * len(self.pollers)))]
+        self.latest = self.latest_by.get(poller.name, {})
+        return super().target(draw)
+
+    def terminate(self, application: str) -> int:
+        """``KILL CONNECTION`` of every session of the pollers, or of one writer."""
+        user, _, index = application.rpartition("-writer-")
+        with self.maria() as conn, conn.cursor() as cur:
+            if user:  # one writer: its session
+                cur.execute(
+                    "SELECT ID FROM information_schema.PROCESSLIST WHERE USER = %s",
+                    (self.writer_user,),
+                )
+                ids = [row[0] for row in cur.fetchall()]
+                ids = [ids[int(index) % len(ids)]] if ids else []
+            else:
+                cur.execute(
+                    "SELECT ID FROM information_schema.PROCESSLIST WHERE USER = %s",
+                    (self.poller_user,),
+                )
+                ids = [row[0] for row in cur.fetchall()]
+            for session in ids:
+                with contextlib.suppress(pymysql.Error):
+                    cur.execute(f"KILL CONNECTION {int(session)}")
+        return len(ids)
+
+    def inject(self, fault: Fault) -> None:
+        if fault.kind == "terminate_pollers":
+            self.record(fault.kind, sessions=self.terminate("pollers"))
+        elif fault.kind == "terminate_writer":
+            name = f"w-writer-{int(fault.draw * self.o.writers)}"
+            self.record(fault.kind, application=name, sessions=self.terminate(name))
+        else:
+            super().inject(fault)
+
+    # -- the run ----------------------------------------------------------------------------
+
+    def backlog(self) -> int:
+        """Rows after each poller's checkpoint (the monitor's last sample), added up."""
+        return sum(self.rows_after_in(p) for p in self.pollers)
+
+    def rows_after_in(self, poller: Poller) -> int:
+        """How many rows the database orders after ``poller``'s checkpoint, in its collation."""
+        position = self.latest_by.get(poller.name, {}).get("position")
+        with self.maria() as conn, conn.cursor() as cur:
+            if position is None:
+                cur.execute(f"SELECT COUNT(*) FROM `{poller.table}`")
+            else:
+                cursor = dt.datetime.fromisoformat(str(position[0]))
+                cur.execute(
+                    f"SELECT COUNT(*) FROM `{poller.table}` WHERE updated_at >= %s AND "
+                    "(updated_at > %s OR id > %s)",
+                    (cursor, cursor, str(position[1])),
+                )
+            row = cur.fetchone()
+        return int(row[0]) if row else 0
+
+    def dump_history(self) -> None:
+        for p in self.pollers:
+            rows = self.maria_rows(f"SELECT id, version FROM `{p.table}_history`", p)
+            (self.out / p.name / "history.json").write_text(json.dumps(rows or []))
+        self.split_writers()
+
+    def split_writers(self) -> None:
+        """Each poller's folder gets the writers' changes of its own table."""
+        for path in sorted((self.out / "writers").glob("writer-*.jsonl")):
+            events = list(read_events(path))
+            for p in self.pollers:
+                target = self.out / p.name / "writers" / path.name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with target.open("w") as out:
+                    for ev in events:
+                        rows = [[r[1], r[2]] for r in ev.get("rows", []) if r[0] == p.table]
+                        out.write(json.dumps({**ev, "rows": rows}) + "\n")
+
+    def dump_sink(self) -> None:
+        for p in self.pollers:
+            query = f"SELECT id, version, fence FROM `{p.table}_applied` ORDER BY n"
+            rows = self.maria_rows(query, p)
+            if rows is not None:
+                (self.out / p.name / "sink.json").write_text(json.dumps(rows))
+
+    def dump_quarantine(self) -> None:
+        from azure_functions_db.state.blob import BlobStateStore
+
+        for p in self.pollers:
+            try:
+                self.azurite.ensure_running()
+                store = BlobStateStore(
+                    settings={"AzureWebJobsStorage": self.azurite.connection_string},
+                    container=CONTAINER,
+                )
+                records = []
+                for record_id in store.list_quarantined(p.key):
+                    stored = store.read_quarantined(p.key, record_id)
+                    if stored is not None:
+                        rows = [[c.pk, c.data["version"]] for c in stored.record.changes]
+                        records.append(
+                            {"id": record_id, "state": stored.record.state, "rows": rows}
+                        )
+            except Exception as exc:  # noqa: BLE001 - reported as a harness failure
+                self.harness.append(f"{p.name}: cannot read the quarantine records: {exc!r}")
+                continue
+            (self.out / p.name / "quarantine.json").write_text(json.dumps(records))
+
+    def maria_rows(self, query: str, poller: Poller) -> list[list[Any]] | None:
+        try:
+            with self.maria() as conn, conn.cursor() as cur:
+                cur.execute(query)
+                return [list(r) for r in cur.fetchall()]
+        except pymysql.Error as exc:
+            self.harness.append(f"{poller.name}: cannot read `{query}`: {exc}")
+            return None
+
+    def write_meta(self) -> None:
+        super().write_meta()
+        meta = json.loads((self.out / "meta.json").read_text())
+        for p in self.pollers:
+            own = {**meta, "table": p.table, "mode": p.mode, "harness": []}
+            (self.out / p.name / "meta.json").write_text(json.dumps(own, indent=2))
+        meta.update(db="mariadb", poller_names=[p.name for p in self.pollers])
+        (self.out / "meta.json").write_text(json.dumps(meta, indent=2))

@@ -1,0 +1,154 @@
+"""One MariaDB soak writer process: ``python -m soak.maria_writer INDEX``.
+
+Each transaction makes 1-8 row changes spread over the soak's tables (inserts of this writer's
+new ids, updates of ids it inserted), each stamping ``updated_at = NOW(6)`` in the session's
+zone (``SOAK_ZONE_OFFSET``, not UTC) and a ``version`` from this writer's counter, and records
+each change in its table's history table in the same transaction. Ids are strings whose letters
+order differently under the default case-insensitive collation than byte-wise (writer 0 writes
+``a...``, writer 1 ``B...``): the database, not Python, must order them. Some transactions are
+held open for seconds before COMMIT (late commits), some roll back. The evidence is
+``soak.writer``'s, with the table of each change: ``rows`` are ``[table, id, version]``.
+
+Environment: ``SOAK_MARIA_WRITER_URL`` (PyMySQL arguments as a URL), ``SOAK_TABLES``
+(comma-separated), ``SOAK_ZONE_OFFSET``, ``SOAK_EVIDENCE``, ``SOAK_STOP``, ``SOAK_SEED``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import sys
+import time
+import urllib.parse
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pymysql
+
+from devkit.evidence import EvidenceLog
+from soak.writer import LATE_SECONDS, P_LATE, P_ROLLBACK
+
+LETTERS = "aBcDeFgH"
+
+
+class MariaWriter:
+    def __init__(self, index: int, env: Mapping[str, str]) -> None:
+        self.index = index
+        self.env = env
+        self.tables = env["SOAK_TABLES"].split(",")
+        self.log = EvidenceLog(Path(env["SOAK_EVIDENCE"]) / f"writer-{index}.jsonl")
+        self.rng = random.Random(f"{env.get('SOAK_SEED', '0')}:maria-writer:{index}")  # noqa: S311
+        self.owned: dict[str, list[str]] = {t: [] for t in self.tables}
+        self.next_id = 0
+        self.version = 0
+        self.conn: pymysql.connections.Connection[Any] | None = None
+
+    def connect(self) -> pymysql.connections.Connection[Any] | None:
+        if self.conn is None or not self.conn.open:
+            url = urllib.parse.urlsplit(self.env["SOAK_MARIA_WRITER_URL"])
+            try:
+                self.conn = pymysql.connect(
+                    host=url.hostname or "127.0.0.1",
+                    port=url.port or 3306,
+                    user=url.username or "root",
+                    password=url.password or "",
+                    database=url.path.lstrip("/"),
+                    autocommit=False,
+                    connect_timeout=5,
+                )
+                with self.conn.cursor() as cur:
+                    cur.execute("SET time_zone = %s", (self.env["SOAK_ZONE_OFFSET"],))
+            except pymysql.Error as exc:
+                self.log.write("connect_failed", error=type(exc).__name__)
+                self.conn = None
+                time.sleep(0.5)
+        return self.conn
+
+    def new_id(self) -> str:
+        self.next_id += 1
+        # Mixed case inside the id too: `a12-Xy`; unique per writer, so no two ids collide.
+        return f"{LETTERS[self.index % len(LETTERS)]}{self.next_id}-{'XyZw'[self.next_id % 4]}"
+
+    def transaction(self, conn: pymysql.connections.Connection[Any]) -> None:
+        rng = self.rng
+        changes: list[list[Any]] = []
+        fresh: list[tuple[str, str]] = []
+        try:
+            with conn.cursor() as cur:
+                for _ in range(rng.randint(1, 8)):
+                    table = rng.choice(self.tables)
+                    self.version += 1
+                    owned = self.owned[table]
+                    if owned and rng.random() < 0.6:
+                        row = rng.choice(owned)
+                        cur.execute(
+                            f"UPDATE `{table}` SET version = %s, updated_at = NOW(6) WHERE id = %s",
+                            (self.version, row),
+                        )
+                    else:
+                        row = self.new_id()
+                        cur.execute(
+                            f"INSERT INTO `{table}` (id, version, writer, updated_at) "
+                            "VALUES (%s, %s, %s, NOW(6))",
+                            (row, self.version, self.index),
+                        )
+                        fresh.append((table, row))
+                    cur.execute(
+                        f"INSERT INTO `{table}_history` (id, version) VALUES (%s, %s)",
+                        (row, self.version),
+                    )
+                    changes.append([table, row, self.version])
+            late = rng.random() < P_LATE
+            time.sleep(rng.uniform(*LATE_SECONDS) if late else rng.uniform(0.0, 0.05))
+            if rng.random() < P_ROLLBACK:
+                conn.rollback()
+                self.log.write("rollback", rows=changes)
+                return
+        except pymysql.Error as exc:
+            self.log.write("aborted", rows=changes, error=type(exc).__name__)
+            self.close()
+            return
+        try:
+            conn.commit()
+        except pymysql.Error as exc:
+            self.log.write("unknown", rows=changes, error=type(exc).__name__)
+            self.close()
+            return
+        self.log.write("commit", rows=changes)
+        for table, row in fresh:
+            self.owned[table].append(row)
+
+    def close(self) -> None:
+        if self.conn is not None:
+            with contextlib.suppress(pymysql.Error):
+                self.conn.close()
+            self.conn = None
+
+
+def main(index: int) -> int:
+    env = os.environ
+    stop_flag = Path(env["SOAK_STOP"])
+    writer = MariaWriter(index, env)
+    stopping = False
+
+    def on_term(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    writer.log.write("started", index=index)
+    while not stopping and not stop_flag.exists():
+        conn = writer.connect()
+        if conn is not None:
+            writer.transaction(conn)
+    writer.close()
+    writer.log.write("stopped", index=index)
+    writer.log.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(int(sys.argv[1])))
