@@ -15,9 +15,11 @@ AZURITE_STAMP := $(AZURITE_DIR)/node_modules/.installed
 # Debian packages the tests need (tools/debian-packages.sh says why each).
 DEBIAN_PACKAGES := faketime unixodbc odbc-postgresql odbc-mariadb libpostgresql-jdbc-java
 
-# `make soak SECONDS=1800 SEED=7`: how long the writers write, and the fault schedule's seed.
+# `make soak SECONDS=1800 SEED=7 DB=mariadb`: how long the writers write (on each database), the
+# fault schedule's seed, and which database: pg, mariadb, or both (one after the other).
 SECONDS ?= 90
 SEED    ?= random
+DB      ?= both
 
 .PHONY: help demo test soak lint format bench azurite wheel debian-packages clean
 
@@ -51,8 +53,8 @@ debian-packages: ## Install the Debian packages the tests need (as root; else pr
 test: debian-packages $(STAMP) $(AZURITE_STAMP) ## Run the whole test suite (Blob/Table tests against Azurite)
 	$(BIN)/python -m pytest
 
-soak: debian-packages $(STAMP) $(AZURITE_STAMP) ## Chaos soak on PostgreSQL + Azurite (SECONDS=90 SEED=random)
-	$(BIN)/python -m soak --seconds $(SECONDS) --seed $(SEED)
+soak: debian-packages $(STAMP) $(AZURITE_STAMP) ## Chaos soak on PostgreSQL and MariaDB + Azurite (DB=both SECONDS=90 SEED=random)
+	$(BIN)/python -m soak --db $(DB) --seconds $(SECONDS) --seed $(SEED)
 
 lint: $(STAMP) ## ruff (lint + format check) and mypy --strict
 	$(BIN)/ruff check .

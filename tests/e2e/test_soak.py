@@ -234,7 +234,7 @@ def test_control_mode_loses_rows_and_the_soak_says_so(pg_url: str, tmp_path: Pat
     pg = pg_url.replace("postgresql+psycopg://", "postgresql://", 1)
     args = ["--control", "--calm", "--seconds", "30", "--seed", "5", "--pollers", "2"]
     done = subprocess.run(
-        [sys.executable, "-m", "soak", *args, "--out", str(out), "--pg", pg],
+        [sys.executable, "-m", "soak", *args, "--out", str(out), "--db", "pg", "--pg", pg],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -290,3 +290,68 @@ def test_a_quarantined_version_is_accounted_for_and_a_quarantined_phantom_is_not
     phantom = {"id": "q-2", "state": "quarantined", "rows": [[7, 7]]}  # never committed
     (ev.root / "quarantine.json").write_text(json.dumps([record, phantom]))
     assert ev.judge().phantom_examples == [(7, 7)]
+
+
+def test_mariadb_control_mode_loses_rows_and_the_soak_says_so(
+    mysql_url: str, tmp_path: Path
+) -> None:
+    """The MariaDB soak (three pollers of one server, string keys, a naive cursor in +05:30)
+    with the horizon off loses late commits, and says so, for each poller's table."""
+    from devkit.azurite import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    out = tmp_path / "evidence"
+    server = ["--mariadb", mysql_url.replace("mysql+pymysql://", "mysql://", 1)]
+    args = ["--control", "--calm", "--seconds", "30", "--seed", "5", "--pollers", "1"]
+    done = subprocess.run(
+        [sys.executable, "-m", "soak", *args, "--out", str(out), "--db", "mariadb", *server],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["control"] is True
+    assert report["missing"] > 0, report
+    assert report["harness"] == []
+    assert "(a)" in done.stderr
+    names = json.loads((out / "meta.json").read_text())["poller_names"]
+    assert len(names) == 3
+    assert all((out / name / "history.json").exists() for name in names)
+
+
+def test_string_keys_order_as_the_case_insensitive_collation_does(ev: Evidence) -> None:
+    """`a10` sorts before `B1` in the database (and after it byte-wise): no regression."""
+    ev.sample(3.0, 1, 1, [T0, "a10-X"])
+    ev.sample(3.5, 1, 1, [T0, "B1-y"])
+    assert ev.judge().regressions == []
+    ev.sample(4.0, 1, 1, [T0, "a9"])  # back below B1 under the collation too
+    assert len(ev.judge().regressions) == 1
+
+
+def test_a_soak_of_several_pollers_is_judged_per_poller(tmp_path: Path) -> None:
+    """Each poller's folder on its own, with the shared faults; a version missing from one
+    poller's table fails the run and names the poller."""
+    names = ["pa", "pb"]
+    for name in names:
+        (tmp_path / name).mkdir()
+        e = Evidence(tmp_path / name)
+        e.grant(0.5, 1)
+        e.commit(1.0, ("a1-X", 1), ("B2-y", 2))
+        e.sample(1.5, 1, 1, None)
+        e.deliver(2.5, 1, ("a1-X", 1), *([("B2-y", 2)] if name == "pa" else []))
+        e.judge()
+    (tmp_path / "meta.json").write_text(
+        json.dumps({"seed": 1, "seconds": 10, "poller_names": names})
+    )
+    _lines(tmp_path / "faults.jsonl", [{"ev": "fault", "t": 1, "kind": "terminate_pollers"}])
+    report = check(tmp_path)
+    assert report.missing == 1
+    assert report.missing_examples == [("B2-y", 2)]
+    assert report.committed == 4
+    assert report.faults == {"terminate_pollers": 1}
+    assert any(v.startswith("(a)") for v in report.violations)
