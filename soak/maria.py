@@ -30,11 +30,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import pymysql
-from azure.storage.blob import ExponentialRetry
 
 import azure_functions_db as afdb
 from devkit.evidence import EvidenceLog, read_events
-from soak.run import CONTAINER, REPO, SAMPLE_EVERY, Fault, Options, Slot, Soak
+from soak.run import REPO, SAMPLE_EVERY, Fault, Options, Slot, Soak, sample
 
 DEFAULT_MARIADB = "mysql://root@127.0.0.1:3306/test"
 #: The writers' session zone (no daylight saving time) and the pollers' ``cursor_timezone``.
@@ -54,6 +53,8 @@ class Poller:
 
 class MariaSoak(Soak):
     """The soak's driver over MariaDB (``python -m soak --db mariadb``)."""
+
+    WRITER = "soak.maria_writer"
 
     def __init__(self, options: Options, server: str = DEFAULT_MARIADB) -> None:
         if options.out is None:
@@ -161,47 +162,15 @@ class MariaSoak(Soak):
         slot.process, slot.stopped_until = process, None
         slot.outputs.append(output)
 
-    def start_writer(self, index: int) -> None:
-        process, _ = self.spawn(
-            ["-m", "soak.maria_writer", str(index)], self.out / "writers" / f"writer-{index}.log"
-        )
-        self.writers.append(process)
-
     # -- the monitor ------------------------------------------------------------------------
 
     def monitor(self) -> None:
         """Every half second, each poller's checkpoint, then its lease."""
-        store = afdb.BlobStateStore(
-            container=CONTAINER,
-            settings={"AzureWebJobsStorage": self.azurite.connection_string},
-            client_options={
-                "connection_timeout": 2,
-                "read_timeout": 3,
-                "retry_policy": ExponentialRetry(retry_total=0),
-            },
-        )
+        store = self.monitor_store()
         while not self.stop_monitor.wait(SAMPLE_EVERY):
             for p in self.pollers:
-                log = self.samples_by[p.name]
-                try:
-                    stored = store.read(p.key)
-                    lease = store.inspect(p.key)
-                except Exception as exc:  # noqa: BLE001 - a failed read is a sample too
-                    log.write("sample", error=type(exc).__name__)
-                    continue
-                cp = stored.checkpoint if stored is not None else None
-                position = None
-                if cp is not None and cp.position is not None:
-                    position = [*cp.position.cursor, *cp.position.pk]
-                self.latest_by[p.name] = {"position": position, "holder": lease.holder}
-                log.write(
-                    "sample",
-                    cp_fence=None if cp is None else cp.fence,
-                    position=position,
-                    lease_fence=lease.fence,
-                    lease_state=lease.state,
-                    holder=lease.holder,
-                )
+                seen = sample(store, p.key, self.samples_by[p.name])
+                self.latest_by[p.name] = seen or self.latest_by.get(p.name, {})
 
     # -- faults -----------------------------------------------------------------------------
 
@@ -290,27 +259,8 @@ class MariaSoak(Soak):
                 (self.out / p.name / "sink.json").write_text(json.dumps(rows))
 
     def dump_quarantine(self) -> None:
-        from azure_functions_db.state.blob import BlobStateStore
-
         for p in self.pollers:
-            try:
-                self.azurite.ensure_running()
-                store = BlobStateStore(
-                    settings={"AzureWebJobsStorage": self.azurite.connection_string},
-                    container=CONTAINER,
-                )
-                records = []
-                for record_id in store.list_quarantined(p.key):
-                    stored = store.read_quarantined(p.key, record_id)
-                    if stored is not None:
-                        rows = [[c.pk, c.data["version"]] for c in stored.record.changes]
-                        records.append(
-                            {"id": record_id, "state": stored.record.state, "rows": rows}
-                        )
-            except Exception as exc:  # noqa: BLE001 - reported as a harness failure
-                self.harness.append(f"{p.name}: cannot read the quarantine records: {exc!r}")
-                continue
-            (self.out / p.name / "quarantine.json").write_text(json.dumps(records))
+            self.write_quarantine(p.key, self.out / p.name / "quarantine.json")
 
     def maria_rows(self, query: str, poller: Poller) -> list[list[Any]] | None:
         try:

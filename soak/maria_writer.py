@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import signal
 import sys
 import time
 import urllib.parse
@@ -29,7 +28,7 @@ from typing import Any
 import pymysql
 
 from devkit.evidence import EvidenceLog
-from soak.writer import LATE_SECONDS, P_LATE, P_ROLLBACK
+from soak.writer import Ending, run
 
 LETTERS = "aBcDeFgH"
 
@@ -101,25 +100,15 @@ class MariaWriter:
                         (row, self.version),
                     )
                     changes.append([table, row, self.version])
-            late = rng.random() < P_LATE
-            time.sleep(rng.uniform(*LATE_SECONDS) if late else rng.uniform(0.0, 0.05))
-            if rng.random() < P_ROLLBACK:
-                conn.rollback()
-                self.log.write("rollback", rows=changes)
-                return
         except pymysql.Error as exc:
             self.log.write("aborted", rows=changes, error=type(exc).__name__)
             self.close()
             return
-        try:
-            conn.commit()
-        except pymysql.Error as exc:
-            self.log.write("unknown", rows=changes, error=type(exc).__name__)
-            self.close()
-            return
-        self.log.write("commit", rows=changes)
-        for table, row in fresh:
-            self.owned[table].append(row)
+        if Ending(self.log, rng, changes, pymysql.Error, self.close).finish(
+            conn.rollback, conn.commit
+        ):
+            for table, row in fresh:
+                self.owned[table].append(row)
 
     def close(self) -> None:
         if self.conn is not None:
@@ -129,25 +118,7 @@ class MariaWriter:
 
 
 def main(index: int) -> int:
-    env = os.environ
-    stop_flag = Path(env["SOAK_STOP"])
-    writer = MariaWriter(index, env)
-    stopping = False
-
-    def on_term(*_: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, on_term)
-    writer.log.write("started", index=index)
-    while not stopping and not stop_flag.exists():
-        conn = writer.connect()
-        if conn is not None:
-            writer.transaction(conn)
-    writer.close()
-    writer.log.write("stopped", index=index)
-    writer.log.close()
-    return 0
+    return run(MariaWriter(index, os.environ), index, os.environ)
 
 
 if __name__ == "__main__":

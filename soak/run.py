@@ -68,6 +68,30 @@ KINDS: dict[str, float] = {
 }
 
 
+def sample(store: afdb.BlobStateStore, key: afdb.PollerKey, log: EvidenceLog) -> dict[str, Any]:
+    """One monitor sample of ``key``: its checkpoint, then its lease, written to ``log``; the
+    position and the lease holder (empty when the read failed)."""
+    try:
+        stored = store.read(key)
+        lease = store.inspect(key)
+    except Exception as exc:  # noqa: BLE001 - a failed read is a sample too
+        log.write("sample", error=type(exc).__name__)
+        return {}
+    cp = stored.checkpoint if stored is not None else None
+    position = None
+    if cp is not None and cp.position is not None:
+        position = [*cp.position.cursor, *cp.position.pk]
+    log.write(
+        "sample",
+        cp_fence=None if cp is None else cp.fence,
+        position=position,
+        lease_fence=lease.fence,
+        lease_state=lease.state,
+        holder=lease.holder,
+    )
+    return {"position": position, "holder": lease.holder}
+
+
 @dataclass(frozen=True)
 class Options:
     seconds: float = 90.0
@@ -123,6 +147,9 @@ class Slot:
 
 
 class Soak:
+    #: The module of a writer process.
+    WRITER = "soak.writer"
+
     def __init__(self, options: Options) -> None:
         self.o = options
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -267,16 +294,15 @@ class Soak:
 
     def start_writer(self, index: int) -> None:
         process, _ = self.spawn(
-            ["-m", "soak.writer", str(index)], self.out / "writers" / f"writer-{index}.log"
+            ["-m", self.WRITER, str(index)], self.out / "writers" / f"writer-{index}.log"
         )
         self.writers.append(process)
 
     # -- the monitor ------------------------------------------------------------------------
 
-    def monitor(self) -> None:
-        """Read the checkpoint, then the lease, every half second (the lease's fence can only
-        be higher than the checkpoint's read before it)."""
-        store = afdb.BlobStateStore(
+    def monitor_store(self) -> afdb.BlobStateStore:
+        """The monitor's own view of the state: no retries, short timeouts."""
+        return afdb.BlobStateStore(
             container=CONTAINER,
             settings={"AzureWebJobsStorage": self.azurite.connection_string},
             client_options={
@@ -285,26 +311,13 @@ class Soak:
                 "retry_policy": ExponentialRetry(retry_total=0),
             },
         )
+
+    def monitor(self) -> None:
+        """Read the checkpoint, then the lease, every half second (the lease's fence can only
+        be higher than the checkpoint's read before it)."""
+        store = self.monitor_store()
         while not self.stop_monitor.wait(SAMPLE_EVERY):
-            try:
-                stored = store.read(KEY)
-                lease = store.inspect(KEY)
-            except Exception as exc:  # noqa: BLE001 - a failed read is a sample too
-                self.samples.write("sample", error=type(exc).__name__)
-                continue
-            cp = stored.checkpoint if stored is not None else None
-            position = None
-            if cp is not None and cp.position is not None:
-                position = [*cp.position.cursor, *cp.position.pk]
-            self.latest = {"position": position, "holder": lease.holder}
-            self.samples.write(
-                "sample",
-                cp_fence=None if cp is None else cp.fence,
-                position=position,
-                lease_fence=lease.fence,
-                lease_state=lease.state,
-                holder=lease.holder,
-            )
+            self.latest = sample(store, KEY, self.samples) or self.latest
 
     # -- faults -----------------------------------------------------------------------------
 
@@ -513,12 +526,14 @@ class Soak:
             (self.out / "sink.json").write_text(json.dumps(rows))
 
     def dump_quarantine(self) -> None:
-        """The poller's quarantine records, as (id, version) of the rows each holds, for the
-        checker's (g) (no file when the store cannot be read: the harness line fails the run)."""
-        from azure_functions_db.core.checkpoint import PollerKey
+        """The poller's quarantine records for the checker's (g)."""
+        self.write_quarantine(KEY, self.out / "quarantine.json")
+
+    def write_quarantine(self, key: afdb.PollerKey, path: Path) -> None:
+        """``key``'s quarantine records, as (id, version) of the rows each holds, into ``path``
+        (no file when the store cannot be read: the harness line fails the run)."""
         from azure_functions_db.state.blob import BlobStateStore
 
-        key = PollerKey("live", "soak")
         try:
             self.azurite.ensure_running()
             store = BlobStateStore(
@@ -532,9 +547,9 @@ class Soak:
                     rows = [[c.pk, c.data["version"]] for c in stored.record.changes]
                     records.append({"id": record_id, "state": stored.record.state, "rows": rows})
         except Exception as exc:  # noqa: BLE001 - reported as a harness failure
-            self.harness.append(f"cannot read the quarantine records: {exc!r}")
+            self.harness.append(f"{key.poller}: cannot read the quarantine records: {exc!r}")
             return
-        (self.out / "quarantine.json").write_text(json.dumps(records))
+        path.write_text(json.dumps(records))
 
     def read_rows(
         self, connect: Callable[[], psycopg.Connection[Any]], query: str, suffix: str

@@ -23,9 +23,10 @@ import random
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 from psycopg import sql
@@ -36,6 +37,43 @@ P_ROLLBACK = 0.08
 P_LATE = 0.15
 P_SLOW_COMMIT = 0.2
 LATE_SECONDS = (0.3, 3.5)
+
+
+@dataclass
+class Ending:
+    """How a soak writer's transaction ends, once its changes are made: held open for a while
+    (late for ``P_LATE`` of them), then rolled back (``P_ROLLBACK``) or committed, each outcome
+    logged with ``rows``; an error while ending it is ``aborted`` before COMMIT and ``unknown``
+    (COMMIT was sent, its answer lost) after it, and closes the connection."""
+
+    log: EvidenceLog
+    rng: random.Random
+    rows: list[list[Any]]
+    error: type[Exception]
+    close: Callable[[], None]
+
+    def finish(self, rollback: Callable[[], None], commit: Callable[[], None]) -> bool:
+        """End the transaction; whether it committed."""
+        rng = self.rng
+        try:
+            late = rng.random() < P_LATE
+            time.sleep(rng.uniform(*LATE_SECONDS) if late else rng.uniform(0.0, 0.05))
+            if rng.random() < P_ROLLBACK:
+                rollback()
+                self.log.write("rollback", rows=self.rows)
+                return False
+        except self.error as exc:
+            self.log.write("aborted", rows=self.rows, error=type(exc).__name__)
+            self.close()
+            return False
+        try:
+            commit()
+        except self.error as exc:
+            self.log.write("unknown", rows=self.rows, error=type(exc).__name__)
+            self.close()
+            return False
+        self.log.write("commit", rows=self.rows)
+        return True
 
 
 class Writer:
@@ -97,30 +135,32 @@ class Writer:
                         fresh.append(row)
                     cur.execute(self.history, (row, self.version, slow and not pairs))
                     pairs.append([row, self.version])
-            late = rng.random() < P_LATE
-            time.sleep(rng.uniform(*LATE_SECONDS) if late else rng.uniform(0.0, 0.05))
-            if rng.random() < P_ROLLBACK:
-                conn.rollback()
-                self.log.write("rollback", rows=pairs)
-                return
         except psycopg.Error as exc:
             self.log.write("aborted", rows=pairs, error=type(exc).__name__)
             conn.close()
             return
-        try:
-            conn.commit()
-        except psycopg.Error as exc:
-            self.log.write("unknown", rows=pairs, error=type(exc).__name__)
-            conn.close()
-            return
-        self.log.write("commit", rows=pairs)
-        self.owned.extend(fresh)
+        ending = Ending(self.log, rng, pairs, psycopg.Error, conn.close)
+        if ending.finish(conn.rollback, conn.commit):
+            self.owned.extend(fresh)
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
 
 
-def main(index: int) -> int:
-    env = os.environ
+class Writes(Protocol):
+    log: EvidenceLog
+
+    def connect(self) -> Any: ...
+
+    def transaction(self, conn: Any) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def run(writer: Writes, index: int, env: Mapping[str, str]) -> int:
+    """Write transactions until the stop flag appears or SIGTERM, then close and log."""
     stop_flag = Path(env["SOAK_STOP"])
-    writer = Writer(index, env)
     stopping = False
 
     def on_term(*_: object) -> None:
@@ -133,11 +173,14 @@ def main(index: int) -> int:
         conn = writer.connect()
         if conn is not None:
             writer.transaction(conn)
-    if writer.conn is not None:
-        writer.conn.close()
+    writer.close()
     writer.log.write("stopped", index=index)
     writer.log.close()
     return 0
+
+
+def main(index: int) -> int:
+    return run(Writer(index, os.environ), index, os.environ)
 
 
 if __name__ == "__main__":
