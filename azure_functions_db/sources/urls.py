@@ -125,6 +125,8 @@ def resolve_url(template: str | sa.URL, settings: Mapping[str, str], what: str) 
     values = {name: setting_value(settings, name, what) for name in names}
     tokens = {f"afdbsetting{i}x": name for i, name in enumerate(dict.fromkeys(names))}
     tokenized = substitute(text, found, lambda name: _token_of(tokens, name))
+    if several_at_signs(tokenized):
+        parse_url(tokenized, what)  # raises, naming nothing of the URL
     try:
         url = sa.make_url(tokenized)
     except (sa_exc.ArgumentError, ValueError):
@@ -161,6 +163,15 @@ def parse_url(text: str, what: str) -> sa.URL:
 
     ``what`` names the URL's owner in the error, e.g. ``the source of table `orders```.
     """
+    if several_at_signs(text):
+        raise ConfigurationError(
+            f"The database URL of {what} has more than one `@` before its host, so its user or "
+            "password holds an `@` that is not percent-encoded, and any reading of it would put "
+            "part of the password into the host or the database name. Percent-encode the user "
+            "and password (`@` is `%40`, `#` is `%23`, `/` is `%2F`, `%` is `%25`), or give "
+            'them as settings of their own: `url="mysql+pymysql://%DB_USER%:%DB_PASSWORD%@'
+            'host:3306/db"`. (Nothing of the URL is shown here: it holds a secret.)'
+        )
     try:
         return sa.make_url(text)
     except (sa_exc.ArgumentError, ValueError):
@@ -168,6 +179,13 @@ def parse_url(text: str, what: str) -> sa.URL:
             f"The database URL of {what} cannot be parsed. Expected a "
             "SQLAlchemy URL such as `postgresql+psycopg://user:password@host:5432/db`."
         ) from None
+
+
+def several_at_signs(text: str) -> bool:
+    """Whether ``text`` has more than one ``@`` between its ``://`` and its query: a user or
+    password with an unencoded ``@``, which no parser can split where the user meant."""
+    _, sep, rest = text.partition("://")
+    return bool(sep) and rest.partition("?")[0].count("@") > 1
 
 
 # Secrets in a URL beyond its password: query parameters with these names, and the values of
@@ -226,6 +244,8 @@ def masked_url(template: str | sa.URL) -> str:
     tokens = {f"afdbsetting{i}x": m.group(0) for i, m in enumerate(found)}
     numbered = iter(tokens)
     text = substitute(template, found, lambda _: next(numbered))
+    if several_at_signs(text):
+        return "<database url>"  # its parts cannot be told apart: show none of them
     try:
         text = render_masked(sa.make_url(text))
     except (sa_exc.ArgumentError, ValueError):

@@ -128,3 +128,16 @@ def test_read_settings_converts_values_and_names_its_sources(tmp_path):
     (tmp_path / "local.settings.json").write_text('{"Values": {"D": {"nested": 1}}}')
     with pytest.raises(ConfigurationError, match=r"Values.D.*must be a string"):
         read_settings(tmp_path, None, environ={})
+
+
+@pytest.mark.parametrize("command", [["run", "--once"], ["validate"]])
+def test_a_url_setting_with_an_unencoded_at_sign_echoes_nothing_of_it(app, command, capsys):
+    values = json.loads((app.parent / "local.settings.json").read_text())
+    values["Values"]["CLI_DB"] = "mysql+pymysql://u:Sup3r@Secr/et#Xy@host/db"
+    (app.parent / "local.settings.json").write_text(json.dumps(values))
+    code = main([command[0], str(app), *command[1:]])
+    out, err = capsys.readouterr()
+    assert code != EXIT_OK
+    assert "percent-encode" in (out + err).lower()
+    for fragment in ("Sup3r", "Secr", "et#Xy", "et%23Xy", "Xy@host"):
+        assert fragment not in out + err, (out, err)

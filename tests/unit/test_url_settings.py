@@ -113,3 +113,28 @@ def test_a_reference_whose_name_starts_with_hex_digits_is_still_a_reference():
 def test_a_literal_percent_name_is_written_encoded():
     url = resolve_url("postgresql+psycopg://app:%25PW%25@h/db", {}, "test")
     assert url.password == "%PW%"
+
+
+@pytest.mark.parametrize(
+    "whole",
+    [
+        "mysql+pymysql://u:Sup3r@Secr/et#Xy@host/db",
+        "postgresql+psycopg://app:p@ss@db.example.com:5432/orders",
+        "mysql+pymysql://us@er:pw@host/db?charset=utf8mb4",
+    ],
+)
+def test_a_url_with_an_unencoded_at_sign_is_refused_showing_nothing_of_it(whole):
+    """A password with an `@` cannot be split where the user meant: say so and how to fix it,
+    and print no fragment of the user, password or host."""
+    for template, settings in ((whole, {}), ("%DB%", {"DB": whole})):
+        with pytest.raises(ConfigurationError) as caught:
+            resolve_url(template, settings, "the source of table `orders`")
+        message = str(caught.value)
+        assert "percent-encode" in message.lower()
+        assert "%40" in message
+        for fragment in ("Sup3r", "Secr", "et#Xy", "et%23Xy", "p@ss", "ss@db", "us@er", "er:pw"):
+            assert fragment not in message
+    assert masked_url(whole) == "<database url>"
+    source = SqlSource(whole, table="orders", cursor="updated_at")
+    for fragment in ("Sup3r", "Secr", "p@ss", "us@er"):
+        assert fragment not in repr(source)
