@@ -104,6 +104,16 @@ def resolve_storage(settings: Mapping[str, str], setting: str) -> StorageTarget:
             f"`{setting}__accountName` (or `{setting}__blobServiceUri` and "
             f"`{setting}__tableServiceUri`)."
         )
+    for kind, url in (("blob", blob_url), ("table", table_url), ("queue", queue_url)):
+        if url is not None and not url.lower().startswith("https://"):
+            name = f"{setting}__{kind}ServiceUri"
+            raise ConfigurationError(
+                f"App setting `{name}` is `{url}`, but an identity (token) sign-in is only sent "
+                "over HTTPS. Use its `https://` address (in Azure: "
+                f"`https://<account>.{kind}.core.windows.net`); for Azurite, which serves HTTP, "
+                f"set `{setting}=UseDevelopmentStorage=true` instead (or run "
+                "`afdb ... --state local`)."
+            )
     if account:
         blob_url = blob_url or f"https://{account}.blob.core.windows.net"
         table_url = table_url or f"https://{account}.table.core.windows.net"

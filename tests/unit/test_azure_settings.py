@@ -158,3 +158,39 @@ def test_sdk_request_logs_are_quieted_unless_the_app_set_their_level(monkeypatch
     monkeypatch.setattr(logger, "level", logging.NOTSET if preset is None else preset)
     resolve_storage({"AzureWebJobsStorage": "UseDevelopmentStorage=true"}, "AzureWebJobsStorage")
     assert logger.level == expected
+
+
+@pytest.mark.parametrize("kind", ["blob", "table", "queue"])
+def test_an_http_service_uri_is_refused_naming_the_setting_and_the_fix(kind):
+    """The Azure SDK refuses a token over HTTP with a traceback; say which setting and what to
+    set instead (Azurite serves HTTP: its connection string, not an identity URI)."""
+    name = f"AzureWebJobsStorage__{kind}ServiceUri"
+    settings = {name: f"http://127.0.0.1:10000/devstoreaccount1/{kind}"}
+    with pytest.raises(ConfigurationError) as caught:
+        resolve_storage(settings, "AzureWebJobsStorage")
+    message = str(caught.value)
+    assert f"`{name}`" in message
+    assert "https://" in message
+    assert "UseDevelopmentStorage=true" in message
+
+
+def test_the_cli_says_it_in_one_line(tmp_path, capsys, monkeypatch):
+    from azure_functions_db.cli import EXIT_OK, main
+    from tests.e2e.test_cli import APP
+
+    orders = Orders(tmp_path / "orders.db")
+    orders.insert(range(1, 3))
+    orders.close()
+    app = tmp_path / "function_app.py"
+    app.write_text(APP)
+    monkeypatch.setenv("CLI_DB", orders.url)
+    monkeypatch.setenv("CLI_OUT", str(tmp_path / "out.txt"))
+    monkeypatch.delenv("AzureWebJobsStorage", raising=False)
+    monkeypatch.setenv("AzureWebJobsStorage__blobServiceUri", "http://127.0.0.1:10000/x")
+    monkeypatch.setenv("AFDB_STATE", "azure")
+    assert main(["run", str(app), "--once"]) != EXIT_OK
+    out, err = capsys.readouterr()
+    failed = [line for line in out.splitlines() if "failed:" in line]
+    assert len(failed) == 1
+    assert "`AzureWebJobsStorage__blobServiceUri` is `http://127.0.0.1:10000/x`" in failed[0]
+    assert "Traceback" not in out + err
