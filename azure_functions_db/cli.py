@@ -84,7 +84,7 @@ def _quarantine(args: argparse.Namespace, console: Console) -> int:
     from azure_functions_db.core.quarantine import full_json, summary_json
     from azure_functions_db.ops import quarantine as ops
 
-    (definition,) = _select(args.app, [args.poller])
+    (definition,) = _select(args, [args.poller])
     settings = _settings(args)
     store = _store_name(definition.store(settings))
     if not args.json:
@@ -154,18 +154,22 @@ def _stderr() -> Console:
     return Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
 
-def _select(app: str, names: Sequence[str] | None) -> list[Any]:
+def _select(args: argparse.Namespace, names: Sequence[str] | None) -> list[Any]:
+    """The app's pollers ``names`` names (all without), their default state store checked
+    (reachable, and not moved away from their checkpoints: :mod:`.ops.store_guard`)."""
+    from azure_functions_db.ops.store_guard import check_default_stores
     from azure_functions_db.runtime.loader import load_pollers
 
+    app = args.app
     pollers = load_pollers(app)
-    if not names:
-        return list(pollers.values())
-    unknown = [n for n in names if n not in pollers]
+    unknown = [n for n in names or () if n not in pollers]
     if unknown:
         raise ConfigurationError(
             f"Unknown poller `{unknown[0]}` in `{app}`; defined: {', '.join(sorted(pollers))}"
         )
-    return [pollers[n] for n in names]
+    selected = [pollers[n] for n in names] if names else list(pollers.values())
+    check_default_stores(selected, _settings(args))
+    return selected
 
 
 def _demo(args: argparse.Namespace, console: Console) -> int:
@@ -209,7 +213,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     from azure_functions_db.core.clock import SystemClock
     from azure_functions_db.runtime.runner import RunOutcome, run_one, run_scheduled
 
-    pollers = _select(args.app, args.poller)
+    pollers = _select(args, args.poller)
     settings = _settings(args)
     for definition in pollers:
         console.print(f"{definition.name}: state {_store_name(definition.store(settings))}")
@@ -296,7 +300,7 @@ def _status(args: argparse.Namespace, console: Console) -> int:
 
     settings = _settings(args)
     statuses = []
-    for definition in _select(args.app, args.poller):
+    for definition in _select(args, args.poller):
         statuses.append(poller_status(definition, settings))
         statuses.extend(backfill_statuses(definition, settings))
     if args.json:
@@ -343,7 +347,7 @@ def _status(args: argparse.Namespace, console: Console) -> int:
 def _seek(args: argparse.Namespace, console: Console) -> int:
     from azure_functions_db.ops.seek import SeekTarget, seek
 
-    (definition,) = _select(args.app, [args.poller])
+    (definition,) = _select(args, [args.poller])
     settings = _settings(args)
     cursor = None
     target: SeekTarget = "beginning"

@@ -141,3 +141,54 @@ def test_a_url_setting_with_an_unencoded_at_sign_echoes_nothing_of_it(app, comma
     assert "percent-encode" in (out + err).lower()
     for fragment in ("Sup3r", "Secr", "et#Xy", "et%23Xy", "Xy@host"):
         assert fragment not in out + err, (out, err)
+
+
+def _as_functions_developer(app: Path, storage: str) -> None:
+    """What deploy.md has users add: FUNCTIONS_WORKER_RUNTIME and AzureWebJobsStorage."""
+    values = json.loads((app.parent / "local.settings.json").read_text())
+    values["Values"]["FUNCTIONS_WORKER_RUNTIME"] = "python"
+    values["Values"]["AzureWebJobsStorage"] = storage
+    (app.parent / "local.settings.json").write_text(json.dumps(values))
+
+
+def test_a_default_store_that_moved_away_from_the_checkpoint_is_refused(app, capsys):
+    """Run without FUNCTIONS_WORKER_RUNTIME (local store), then as a Functions developer with
+    Azurite (Blob chosen, empty): no second delivery of history, both stores named."""
+    from devkit.azurite import Azurite, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    assert main(["run", str(app), "--once"]) == EXIT_OK
+    assert delivered(app) == list(range(1, 11))
+    with Azurite(app.parent / "azurite") as azurite:
+        _as_functions_developer(app, azurite.connection_string)
+        capsys.readouterr()
+        assert main(["run", str(app), "--once"]) == EXIT_USAGE
+        err = capsys.readouterr().err
+        assert delivered(app) == list(range(1, 11))  # nothing delivered again
+        assert "local:" in err
+        assert "blob:" in err
+        assert "--state local" in err
+        assert "AccountKey" not in err
+        # On purpose: --state local goes on where it was; --state azure starts in Blob.
+        assert main(["run", str(app), "--once", "--state", "local"]) == EXIT_OK
+        assert delivered(app) == list(range(1, 11))
+
+
+def test_an_unreachable_default_blob_store_names_its_endpoint_and_the_way_out(app, capsys):
+    import time
+
+    _as_functions_developer(
+        app,
+        "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=a2V5;"
+        "BlobEndpoint=http://127.0.0.1:9/devstoreaccount1;",
+    )
+    began = time.monotonic()
+    assert main(["run", str(app), "--once"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert time.monotonic() - began < 15  # not half a minute of retries
+    assert "http://127.0.0.1:9/devstoreaccount1/afdb-state" in err
+    assert "--state local" in err
+    assert "Azurite" in err
+    assert "a2V5" not in err
