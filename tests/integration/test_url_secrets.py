@@ -87,3 +87,19 @@ def test_a_percent_encoded_password_in_the_url_opens(pg: Db, encoded):
     sink = SqlSink(url, position_table="afdb_positions", schema=pg.schema)
     sink.open({})
     sink.close()
+
+
+def test_a_role_the_server_refuses_fails_at_once_not_as_transient(pg: Db, caplog):
+    """An authentication failure is no outage: no retries, the server's reason in one error."""
+    import logging
+
+    from azure_functions_db.errors import SourceError, TransientSourceError
+
+    url = TEMPLATE.replace(f"{dbservers.PG_USER}:%PW%", "nosuch_afdb_role:%PW%")
+    source = SqlSource(url, table="orders", cursor="at", schema=pg.schema, horizon="none")
+    with caplog.at_level(logging.WARNING), pytest.raises(SourceError) as caught:
+        source.open({"PW": "wrong-password"})
+    assert not isinstance(caught.value, TransientSourceError)
+    assert "nosuch_afdb_role" in str(caught.value)
+    assert "wrong-password" not in str(caught.value)
+    assert "transient_error_retry" not in caplog.text
