@@ -13,6 +13,7 @@ from typing import Any, Literal, TypeVar
 
 import azure.functions as func
 
+from azure_functions_db.core.arguments import known_arguments
 from azure_functions_db.core.commits import check_coalescing
 from azure_functions_db.core.engine import Handler, PollerConfig
 from azure_functions_db.core.handler import check_handler
@@ -49,6 +50,7 @@ class PollerBlueprint(func.Blueprint):
         self.pollers: dict[str, PollerDefinition] = {}
         self._function_names: dict[str, str] = {}
 
+    @known_arguments("poller")
     def poller(
         self,
         *,

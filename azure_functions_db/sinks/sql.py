@@ -27,6 +27,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
+from azure_functions_db.core.arguments import known_arguments
 from azure_functions_db.core.batch import Batch
 from azure_functions_db.core.checkpoint import PollerKey
 from azure_functions_db.core.logs import log_event
@@ -65,6 +66,7 @@ class SqlSink:
         connect_timeout: Seconds to wait for a connection.
     """
 
+    @known_arguments("SqlSink")
     def __init__(
         self,
         url: str | sa.URL | None = None,

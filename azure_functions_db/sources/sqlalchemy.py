@@ -24,6 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.sql.elements import ColumnElement, TextClause
 
+from azure_functions_db.core.arguments import known_arguments
 from azure_functions_db.core.batch import Change
 from azure_functions_db.core.checkpoint import SourceDescription
 from azure_functions_db.core.clock import Clock, SystemClock
@@ -60,11 +61,6 @@ from azure_functions_db.sources.values import parse_cursor
 __all__ = ["AutoHorizon", "HorizonStrategy", "LagHorizon", "NoHorizon", "SqlSource"]
 
 logger = logging.getLogger(__name__)
-
-
-# --------------------------------------------------------------------------------------------
-# The source
-# --------------------------------------------------------------------------------------------
 
 
 class SqlSource:
@@ -107,6 +103,7 @@ class SqlSource:
         clock: Time source for the horizon; default the system clock.
     """
 
+    @known_arguments("SqlSource")
     def __init__(
         self,
         url: str | sa.URL | None = None,
