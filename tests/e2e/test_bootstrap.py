@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -53,11 +54,21 @@ def test_every_package_the_makefile_names_is_installed_after_make_test():
 
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="not applicable: needs setpriv")
 def test_without_root_a_missing_package_is_one_line_naming_it_and_the_command():
-    proc = subprocess.run(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-         "bash", str(SCRIPT), "faketime", "afdb-no-such-package"],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    # `nobody` runs a copy in a folder it may read: the clone may live where other users
+    # cannot (a home directory, `mktemp -d`, pytest's own mode-700 temporary folders).
+    readable = Path(tempfile.mkdtemp(prefix="afdb-bootstrap-"))
+    try:
+        readable.chmod(0o755)
+        script = readable / SCRIPT.name
+        shutil.copyfile(SCRIPT, script)
+        script.chmod(0o644)
+        proc = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+             "bash", str(script), "faketime", "afdb-no-such-package"],
+            capture_output=True, text=True, timeout=60, check=False, cwd=readable,
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(readable)
     assert proc.returncode == 1
     (line,) = proc.stderr.strip().splitlines()
     assert "afdb-no-such-package" in line
