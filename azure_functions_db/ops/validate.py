@@ -46,6 +46,7 @@ from azure_functions_db.ops.validate_horizon import (
     key_problems,
     lag_refused,
 )
+from azure_functions_db.runtime.knobs import resolve_knobs
 from azure_functions_db.runtime.poller import PollerDefinition, resolve_schedule
 from azure_functions_db.sources import SqlSource
 from azure_functions_db.sources.health import KeysetIndex, keyset_index
@@ -203,6 +204,7 @@ def validate_poller(
     """
     check = _Validation(definition, settings, app)
     check.schedule()
+    check.knobs()
     if check.open_source():
         try:
             check.key_types()
@@ -257,6 +259,21 @@ class _Validation:
             self.add("schedule", "error", str(exc))
         else:
             self.add("schedule", "ok", f"Schedule `{schedule}` is `{resolved}`.")
+
+    def knobs(self) -> None:
+        """The knobs read from app settings (``batch_size="%NAME%"``): set, and valid."""
+        named = self.definition.knobs
+        if not named:
+            return
+        try:
+            values = resolve_knobs(named, self.settings, self.name)
+        except SettingNotFoundError as exc:
+            self.add("settings", "error", str(exc))
+        except ConfigurationError as exc:
+            self.add("knobs", "error", str(exc))
+        else:
+            shown = ", ".join(f"`{knob}` = {values[knob]:g} (`{named[knob]}`)" for knob in named)
+            self.add("knobs", "ok", f"Knobs from app settings: {shown}.")
 
     def open_source(self) -> bool:
         try:

@@ -64,6 +64,15 @@ def resolve_knobs(
     if not named:
         return {}
     where = f"poller `{poller}`"
+    missing = sorted({name for name in named.values() if name not in settings})
+    if len(missing) == 1:
+        setting_value(settings, missing[0], where)  # raises SettingNotFoundError, naming it
+    if missing:
+        raise ConfigurationError(
+            f"Poller `{poller}` reads knobs from app settings that are not set: "
+            + ", ".join(f"`{name}`" for name in missing)
+            + ". Add them to the app settings (locally: `Values` in local.settings.json)."
+        )
     raw = {knob: setting_value(settings, name, where).strip() for knob, name in named.items()}
     try:
         knobs = Knobs.model_validate(raw)

@@ -39,7 +39,12 @@ def resolve_schedule(schedule: str, settings: Mapping[str, str], poller: str) ->
     if name is None:
         return schedule
     resolved = setting_value(settings, name, f"the schedule of poller `{poller}`")
-    validate_schedule(resolved, poller)
+    try:
+        validate_schedule(resolved, poller)
+    except ConfigurationError as exc:
+        raise ConfigurationError(
+            f"{exc} (The schedule was read from app setting `{name}`.)"
+        ) from None
     return resolved
 
 

@@ -91,3 +91,45 @@ def test_a_knob_string_that_is_not_one_setting_reference_fails_at_decoration(
 ):
     with pytest.raises(ConfigurationError, match="neither a number nor an app setting"):
         blueprint(orders, tmp_path, [], batch_size=value)
+
+
+def test_every_missing_knob_setting_is_named_at_once(orders, tmp_path):
+    db = blueprint(orders, tmp_path, [], batch_size="%TUNED_BATCH%", time_budget="%TUNED_BUDGET%")
+    with pytest.raises(ConfigurationError, match="`TUNED_BATCH`, `TUNED_BUDGET`"):
+        db.pollers["tuned"].run_once({})
+
+
+def test_validate_checks_the_knob_and_schedule_settings(orders, tmp_path):
+    """`afdb validate` said `0 error(s)` for `batch_size="%ORDERS_BATCH%"` with
+    `ORDERS_BATCH=abc`; now each knob and the schedule's setting is a finding."""
+    from azure_functions_db.ops.validate import validate_poller
+
+    db = afdb.PollerBlueprint()
+
+    @db.poller(
+        name="tuned",
+        schedule="%TUNED_SCHEDULE%",
+        source=afdb.SqlSource(url=orders.url, table="orders", cursor="updated_at", pk="id"),
+        state=afdb.LocalStateStore(tmp_path / "state"),
+        batch_size="%TUNED_BATCH%",
+        max_attempts="%TUNED_ATTEMPTS%",
+    )
+    def handler(batch: afdb.Batch) -> None:
+        pass
+
+    poller = db.pollers["tuned"]
+    bad = validate_poller(poller, {"TUNED_BATCH": "abc", "TUNED_SCHEDULE": "every minute"})
+    errors = [f for f in bad.findings if f.level == "error"]
+    text = " ".join(f.message for f in errors)
+    assert "TUNED_ATTEMPTS" in text  # missing
+    assert "every minute" in text
+    assert "`TUNED_SCHEDULE`" in text  # the bad schedule names its setting
+    good = validate_poller(
+        poller, {"TUNED_BATCH": "5", "TUNED_ATTEMPTS": "2", "TUNED_SCHEDULE": "0 * * * * *"}
+    )
+    assert [f.message for f in good.findings if f.level == "error"] == []
+    assert any("`batch_size` = 5" in f.message for f in good.findings)
+    wrong = validate_poller(
+        poller, {"TUNED_BATCH": "abc", "TUNED_ATTEMPTS": "2", "TUNED_SCHEDULE": "0 * * * * *"}
+    )
+    assert any("`TUNED_BATCH` is `abc`" in f.message for f in wrong.findings if f.level == "error")
