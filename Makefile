@@ -6,6 +6,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# An editable install that type checkers can follow: a path entry, not an import hook, so mypy
+# and pyright find the package and its py.typed in a user's project.
+EDITABLE := --config-settings editable_mode=compat
 # `make demo` needs only the package and its command line (no PySpark, no test tools).
 DEMO_STAMP := $(VENV)/.demo-installed
 # Azurite (the Azure Storage emulator) is pinned to an exact version in tools/azurite/package.json
@@ -29,7 +32,7 @@ help: ## Show the targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet $(EDITABLE) -e '.[dev]'
 	touch $(STAMP)
 
 demo: $(DEMO_STAMP) ## Run a sample poller on a local SQLite table with the local state store
@@ -38,7 +41,7 @@ demo: $(DEMO_STAMP) ## Run a sample poller on a local SQLite table with the loca
 $(DEMO_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[cli]'
+	$(BIN)/python -m pip install --quiet $(EDITABLE) -e '.[cli]'
 	touch $(DEMO_STAMP)
 
 $(AZURITE_STAMP): $(AZURITE_DIR)/package.json $(AZURITE_DIR)/package-lock.json
@@ -68,7 +71,8 @@ format: $(STAMP) ## Apply ruff fixes and formatting
 bench: $(STAMP) ## Run the benchmarks (ratios against a baseline in the same run)
 	$(BIN)/python -m benchmarks
 
-wheel: $(STAMP) ## Build the afdb wheel into dist/ (what requirements.txt installs on deploy)
+wheel: ## Build the afdb wheel into dist/ (what requirements.txt installs on deploy)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	rm -f dist/afdb-*.whl
 	$(BIN)/python -m pip wheel --quiet --no-deps --wheel-dir dist .
 
