@@ -74,6 +74,7 @@ def run_backfill_command(args: argparse.Namespace, console: Console, stderr: Con
             master=args.master,
             namespace=args.namespace,
             run_id=args.run_id,
+            new_run=args.new_run,
             progress=show,
             settings=args.app_settings,  # read by cli.main before the app was imported
         )

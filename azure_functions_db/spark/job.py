@@ -27,7 +27,13 @@ from azure_functions_db.runtime.poller import PollerDefinition
 from azure_functions_db.runtime.settings import STATE_DIR_SETTING
 from azure_functions_db.spark.chunk import ChunkResult
 from azure_functions_db.spark.plan import parse_bounds, prepare_run
-from azure_functions_db.spark.records import ChunkRange, RunRecord, check_run_id, chunk_key
+from azure_functions_db.spark.records import (
+    ChunkRange,
+    RunRecord,
+    check_run_id,
+    chunk_key,
+    unfinished_runs,
+)
 from azure_functions_db.spark.task import ChunkTask, app_settings, run_chunk_task
 
 logger = logging.getLogger(__name__)
@@ -68,6 +74,7 @@ class BackfillReport:
     batches: int
     retries: int
     seconds: float
+    resumed: bool = False  # an unfinished run taken up without its id
 
     @property
     def rate(self) -> float:
@@ -97,6 +104,7 @@ class BackfillReport:
             "batches": self.batches,
             "retries": self.retries,
             "seconds": round(self.seconds, 3),
+            "resumed": self.resumed,
             "rows_per_second": round(self.rate, 1),
         }
 
@@ -114,6 +122,7 @@ def backfill(
     master: str = "local[*]",
     namespace: str = "backfill",
     run_id: str | None = None,
+    new_run: bool = False,
     spark: Any = None,
     settings: Mapping[str, str] | None = None,
     progress: ProgressCallback | None = None,
@@ -132,7 +141,11 @@ def backfill(
             default parallelism.
         master: Spark master when this call creates the session (ignored with ``spark=``).
         namespace: Checkpoint namespace of the run and chunk records.
-        run_id: Names the run; rerun with the same id to resume. Default: the UTC start time.
+        run_id: Names the run; rerun with the same id to resume. Default: the poller's
+            unfinished run in ``namespace`` if there is one (resumed, and logged as
+            ``backfill_resumed``; with ``start``/``end`` given, refused naming its id), else a
+            new run named by the UTC start time.
+        new_run: Start a new run even when an unfinished one exists.
         spark: An existing ``SparkSession`` (a notebook's), used and left running.
         settings: App settings (``%NAME%`` values), default the environment; shipped to the
             executors, which set them as environment variables before importing the app.
@@ -152,9 +165,15 @@ def backfill(
             'separate one (the default is "backfill").'
         )
     dataclasses.replace(definition.config, namespace=namespace)  # validates the name
-    run_id = check_run_id(run_id or dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ"))
     default_store = definition.state is None
     store = definition.store(env)
+    resumed = False
+    if run_id is None and not new_run:
+        run_id = _unfinished_run(
+            store, namespace, definition.name, bounded=(start, end) != (None, None)
+        )
+        resumed = run_id is not None
+    run_id = check_run_id(run_id or dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ"))
     root = getattr(store, "root", None)
     if default_store and isinstance(root, Path):
         env[STATE_DIR_SETTING] = str(root)  # executors must find the same directory
@@ -222,6 +241,7 @@ def backfill(
         batches=batches,
         retries=sum(r.attempt for r in results),
         seconds=time.monotonic() - began,
+        resumed=resumed,
     )
     if progress is not None:
         progress(watcher.snapshot(final=True))
@@ -321,6 +341,31 @@ def _session(spark: Any, master: str) -> tuple[Any, bool]:
         builder = builder.master(master)
     session = builder.getOrCreate()
     return session, True
+
+
+def _unfinished_run(store: StateStore, namespace: str, poller: str, *, bounded: bool) -> str | None:
+    """The id of the poller's latest unfinished run, to resume when no id was given; raises
+    when the caller asked for other bounds (resuming would ignore them)."""
+    runs = unfinished_runs(store, namespace, poller)
+    if not runs:
+        return None
+    latest = runs[-1]
+    if bounded:
+        raise ConfigurationError(
+            f"Backfill run `{latest.run_id}` of poller `{poller}` (namespace `{namespace}`) "
+            "is unfinished. Resume it with `--run-id "
+            f"{latest.run_id}` (its own range), or start another with `--new-run`."
+        )
+    log_event(
+        logger,
+        logging.WARNING,
+        "backfill_resumed",
+        poller=poller,
+        namespace=namespace,
+        run=latest.run_id,
+        note="an_unfinished_run_was_taken_up;_--new-run_starts_another",
+    )
+    return latest.run_id
 
 
 def _finished(store: StateStore, record: RunRecord, chunk: ChunkRange) -> bool:

@@ -33,6 +33,7 @@ from azure_functions_db.core.checkpoint import (
     SeekAudit,
     SourceDescription,
 )
+from azure_functions_db.core.ports import StateStore
 from azure_functions_db.core.position import Position
 from azure_functions_db.errors import ConfigurationError
 
@@ -214,3 +215,18 @@ def chunk_range(checkpoint: Checkpoint) -> ChunkRange | None:
     if audit is None or match is None or match["kind"] != "chunk" or audit.to_position is None:
         return None
     return ChunkRange(int(match["chunk"]), audit.from_position, audit.to_position)
+
+
+def unfinished_runs(store: StateStore, namespace: str, poller: str) -> list[RunRecord]:
+    """The runs of ``poller`` in ``namespace`` that never finished, oldest planned first."""
+    prefix = _name(poller) + SEP
+    runs = []
+    for key in store.list_keys(namespace):
+        rest = key.poller.removeprefix(prefix)
+        if rest == key.poller or SEP in rest:
+            continue  # another poller's, or a chunk's record
+        stored = store.read(key)
+        record = RunRecord.from_checkpoint(stored.checkpoint) if stored is not None else None
+        if record is not None and record.phase != "finished":
+            runs.append(record)
+    return sorted(runs, key=lambda r: r.planned_at)

@@ -433,15 +433,17 @@ def test_killed_driver_resumes_without_redoing_finished_chunks(app, orders, spar
         done_rows |= set(range(low + 1, chunk.end.pk[0] + 1))
     first = Counter(delivered(first_out, "backfill"))
     assert done_rows <= set(first)
-    # Rerun with the same run id (the CLI, in this process, on the session's Spark).
+    # Rerun without the run id, as a user would after a crash (the CLI, in this process, on the
+    # session's Spark): the unfinished run is resumed, not a new one started.
     second_out = app.parent / "delivered-2.txt"
     monkeypatch.setenv("BF_OUT", str(second_out))
     report_out = app.parent / "report.json"
     with report_out.open("w") as sink, pytest.MonkeyPatch.context() as mp:
         mp.setattr(sys, "stdout", sink)
-        code = main(["backfill", str(app), "--poller", "orders", "--run-id", "k1", "--json"])
+        code = main(["backfill", str(app), "--poller", "orders", "--json"])
     assert code == EXIT_OK
     report = json.loads(report_out.read_text())
+    assert (report["run_id"], report["resumed"]) == ("k1", True)
     assert report["chunks"] == 4
     assert report["chunks_skipped"] == len(finished)
     second = set(delivered(second_out, "backfill"))
