@@ -96,7 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
     backfill.add_argument("--partitions", type=int, help="most chunks (Spark tasks) to plan")
     backfill.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
     backfill.add_argument("--namespace", default="backfill", help="checkpoint namespace")
-    backfill.add_argument("--run-id", help="names the run; rerun with the same id to resume")
+    backfill.add_argument(
+        "--run-id",
+        help="names the run; rerun with the same id to resume (default: the poller's "
+        "unfinished run, resumed, else a new one)",
+    )
+    backfill.add_argument(
+        "--new-run", action="store_true", help="start a new run even if one is unfinished"
+    )
     backfill.add_argument("--json", action="store_true", help="one JSON report for scripts")
     return parser
 
