@@ -47,6 +47,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if level > logging.DEBUG:
         # -v is for our own lines; the Azure SDK logs every HTTP request at INFO.
         logging.getLogger("azure").setLevel(logging.WARNING)
+    for handler in logging.getLogger().handlers:
+        # The command prints each failed run itself (`<poller>: failed: ...`): the runner's
+        # `run_failed` line, meant for a host's log, would say it twice.
+        handler.addFilter(lambda record: getattr(record, "afdb_action", None) != "run_failed")
     # No markup: error texts and row values may contain `[...]`; colour goes through style=.
     console = Console(highlight=False, soft_wrap=True, markup=False)
     try:
@@ -250,7 +254,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         failures = 0
         try:
             for definition in pollers:
-                outcome = run_one(definition, settings)
+                outcome = run_one(definition, settings, manual=True)
                 show(outcome)
                 failures += 0 if outcome.ok else 1
         except KeyboardInterrupt:
@@ -305,36 +309,19 @@ def _status(args: argparse.Namespace, console: Console) -> int:
         statuses.extend(backfill_statuses(definition, settings))
     if args.json:
         sys.stdout.write(json.dumps([s.to_json() for s in statuses], indent=2) + "\n")
-    else:
+    elif console.is_terminal and console.width >= WIDE:
         table = Table(title="azure-functions-db pollers")
-        for column in (
-            "poller",
-            "namespace",
-            "position",
-            "fence",
-            "lease",
-            "last commit",
-            "attempts",
-            "rows",
-        ):
+        for column in STATUS_COLUMNS:
             table.add_column(column)
         for s in statuses:
-            lease = (
-                s.lease_state if s.lease_holder is None else f"{s.lease_state} by {s.lease_holder}"
-            )
-            if s.lease_process:  # "held by X (pid 4242, alive)"; "free (pid 4242, dead)"
-                lease += f" ({s.lease_process})"
-            table.add_row(
-                s.poller,
-                s.namespace,
-                "ERROR: " + s.error if s.error else s.detail or str(s.position or "(beginning)"),
-                "-" if s.fence is None else str(s.fence),
-                lease,
-                s.committed_at.isoformat(timespec="seconds") if s.committed_at else "-",
-                str(s.attempts) + (f" ({s.last_error})" if s.last_error else ""),
-                str(s.rows),
-            )
+            table.add_row(s.poller, *_status_cells(s)[1:])
         console.print(table)
+    else:  # narrow or piped: one block per poller, every value whole (wrapped, never cut)
+        for s in statuses:
+            console.print(f"{s.poller} ({s.namespace})", style="bold")
+            for column, value in zip(STATUS_COLUMNS[2:], _status_cells(s)[2:], strict=True):
+                console.print(f"  {column + ':':<13} {value}")
+    if not args.json:
         for s in statuses:
             for text, style in status_notes(s, args.app):
                 console.print(text, style=style)
@@ -342,6 +329,36 @@ def _status(args: argparse.Namespace, console: Console) -> int:
             console.print(f"state: {statuses[0].store}")
     stalled = any(s.health is not None and s.health.state == "stalled" for s in statuses)
     return EXIT_FAILED if stalled or any(s.error for s in statuses) else EXIT_OK
+
+
+#: ``afdb status`` as a table from this many columns; narrower, or piped, one block a poller.
+WIDE = 120
+STATUS_COLUMNS = (
+    "poller",
+    "namespace",
+    "position",
+    "fence",
+    "lease",
+    "last commit",
+    "attempts",
+    "rows",
+)
+
+
+def _status_cells(s: Any) -> tuple[str, ...]:
+    lease = s.lease_state if s.lease_holder is None else f"{s.lease_state} by {s.lease_holder}"
+    if s.lease_process:  # "held by X (pid 4242, alive)"; "free (pid 4242, dead)"
+        lease += f" ({s.lease_process})"
+    return (
+        s.poller,
+        s.namespace,
+        "ERROR: " + s.error if s.error else s.detail or str(s.position or "(beginning)"),
+        "-" if s.fence is None else str(s.fence),
+        lease,
+        s.committed_at.isoformat(timespec="seconds") if s.committed_at else "-",
+        str(s.attempts) + (f" ({s.last_error})" if s.last_error else ""),
+        str(s.rows),
+    )
 
 
 def _seek(args: argparse.Namespace, console: Console) -> int:

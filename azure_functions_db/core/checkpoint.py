@@ -153,6 +153,8 @@ class RunHealth:
     lag_seconds: float | None = None
     lag_grew: int = 0
     state: Health = "healthy"
+    last_error: str | None = None  # what the latest run failed on (cleared by a success)
+    manual: bool = False  # the latest run was started by hand, not by the schedule
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -164,6 +166,8 @@ class RunHealth:
             "lag_seconds": self.lag_seconds,
             "lag_grew": self.lag_grew,
             "state": self.state,
+            "last_error": self.last_error,
+            "manual": self.manual,
         }
 
     @classmethod
@@ -189,6 +193,8 @@ class RunHealth:
             lag_seconds=float(lag_seconds) if lag_seconds is not None else None,
             lag_grew=count_field(data, "lag_grew"),
             state=data["state"],
+            last_error=_text_or_none(data.get("last_error"), "health.last_error"),
+            manual=data.get("manual") is True,
         )
 
 
@@ -436,6 +442,12 @@ def json_object(data: bytes) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise CodecError("the record is not a JSON object")
     return doc
+
+
+def _text_or_none(value: Any, name: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise CodecError(f"`{name}` must be a string, found `{value!r}`")
+    return value
 
 
 def _time_or_none(value: dt.datetime | None) -> Any:

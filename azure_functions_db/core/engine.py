@@ -110,8 +110,12 @@ class Engine(PoisonRuns, HealthRuns):
 
     # -- the run ------------------------------------------------------------------------------
 
-    def run(self, settings: Mapping[str, str]) -> RunReport:
+    def run(self, settings: Mapping[str, str], *, manual: bool = False) -> RunReport:
         """Do one run; return its report, or raise the error that ended it.
+
+        ``manual``: a run started by hand (``afdb run --once``), not by the poller's schedule:
+        its health record says so, and ``afdb status`` does not judge it stalled for missing
+        the runs its schedule would have made.
 
         Raises ``HandlerError``/``PoisonBatchError`` (handler failed; batch unacknowledged),
         ``LeaseLostError``/``CheckpointConflictError`` (another owner took over),
@@ -124,10 +128,10 @@ class Engine(PoisonRuns, HealthRuns):
         try:
             self._run(settings, report)
         except BaseException as exc:
-            self._record_health(report, exc)
+            self._record_health(report, exc, manual=manual)
             self.observer.run_finished(report, self.clock.monotonic() - began, exc)
             raise
-        self._record_health(report, None)
+        self._record_health(report, None, manual=manual)
         self.observer.run_finished(report, self.clock.monotonic() - began, None)
         return report
 

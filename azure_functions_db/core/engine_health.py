@@ -84,7 +84,9 @@ class HealthRuns:
         self.clock.sleep(interval)
         return True
 
-    def _record_health(self, report: RunReport, error: BaseException | None) -> None:
+    def _record_health(
+        self, report: RunReport, error: BaseException | None, *, manual: bool = False
+    ) -> None:
         """Measure the backlog the run left and update the poller's health record; log a change
         of state once (``poller_stalled``, ``poller_falling_behind``, ``poller_recovered``).
 
@@ -103,6 +105,8 @@ class HealthRuns:
                 ok=error is None,
                 lag_rows=report.lag_rows,
                 lag_seconds=report.lag_seconds,
+                error=None if error is None else describe_error(error),
+                manual=manual,
             )
             written = write_health(
                 self.store,

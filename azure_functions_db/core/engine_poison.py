@@ -103,9 +103,10 @@ class PoisonRuns:
         says (``HandlerError``, ``PoisonBatchError``, or quarantine due)."""
         cfg = self.config
         # Any way out of the handler but a normal return is a failed attempt, counted and
-        # logged: CancelledError too, and a Ctrl-C or sys.exit() before it ends the process.
-        # The attempt is counted on the record the previous batch's commit leaves (whose
-        # own failure, if any, ends the run instead; a Ctrl-C stays a Ctrl-C).
+        # logged: CancelledError too, and a sys.exit() before it ends the process. Not a
+        # Ctrl-C: the operator stopped the run, the batch did not fail (it is delivered again,
+        # logged, uncounted). The attempt is counted on the record the previous batch's commit
+        # leaves (whose own failure, if any, ends the run instead; a Ctrl-C stays a Ctrl-C).
         try:
             self._settle()
         except BaseException:
@@ -113,14 +114,25 @@ class PoisonRuns:
                 raise exc from None
             raise
         cp = claim.checkpoint
+        if isinstance(exc, KeyboardInterrupt):
+            self._log(
+                logging.INFO,
+                "handler_interrupted",
+                fence=batch.fence,
+                rows=len(batch),
+                position=cp.position,
+                error=type(exc).__name__,
+                note="stopped_by_the_operator;_not_counted_as_a_failed_attempt",
+            )
+            raise exc
         failed = cp.failed(
             fence=batch.fence, error=f"{type(exc).__name__}: {exc}", transient=transient
         )
         # Count the failed attempt on the checkpoint (best effort: the batch stays unacked).
         claim.try_write(failed)
-        interrupted = isinstance(exc, KeyboardInterrupt | SystemExit)
+        interrupted = isinstance(exc, SystemExit)
         self._log(
-            # Ctrl-C or sys.exit(): counted and logged, but not an error of the handler's
+            # sys.exit(): counted and logged, but not an error of the handler's
             logging.INFO if interrupted else logging.ERROR,
             "handler_interrupted" if interrupted else "handler_failed",
             fence=batch.fence,
@@ -280,6 +292,7 @@ class PoisonRuns:
             note=f"replay with `afdb quarantine replay APP --poller {cfg.name} {record.id}`",
         )
         self.observer.batch_quarantined(batch, record.id)
+        report.position = moved.position  # the checkpoint is past the parked rows now
         report.quarantined += len(batch)
         report.records.append(record.id)
 

@@ -77,6 +77,8 @@ class RunOutcome:
     ok: bool
     lag_rows: int | None = None
     lag_seconds: float | None = None
+    error: str | None = None  # what it failed on, for people (no secrets: errors are scrubbed)
+    manual: bool = False  # started by hand (`afdb run --once`), not by the schedule
 
 
 def next_health(
@@ -110,6 +112,8 @@ def next_health(
         lag_seconds=run.lag_seconds,
         lag_grew=grew,
         state=state,
+        last_error=None if run.ok else (run.error or run.status)[:500],
+        manual=run.manual,
     )
 
 
@@ -122,6 +126,10 @@ def judged_now(
         return "unknown", "no run has recorded its health yet"
     since = health.last_success_at or health.failing_since or health.last_run_at
     quiet = (now - since).total_seconds()
+    if health.manual and health.state != "stalled":
+        # Run by hand: its schedule is not running here, so a missed fire means nothing.
+        how = f"last run {health.last_status} at {health.last_run_at.isoformat()}"
+        return health.state, f"{how}, by hand (`afdb run --once`): not judged by its schedule"
     if stall_after is not None and quiet >= stall_after and health.state != "stalled":
         what = "succeeded" if health.last_success_at else "ran"
         return "stalled", f"no successful run for {quiet:.0f}s (last {what} {since.isoformat()})"

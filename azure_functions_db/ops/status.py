@@ -97,11 +97,13 @@ class HealthStatus:
     lag_rows: int | None = None
     lag_seconds: float | None = None
     stall_after: float | None = None
+    last_error: str | None = None  # what the latest run failed on
 
     def to_json(self) -> dict[str, Any]:
         return {
             "state": self.state,
             "detail": self.detail,
+            "last_error": self.last_error,
             "last_run_at": self.last_run_at.isoformat() if self.last_run_at else None,
             "last_success_at": self.last_success_at.isoformat() if self.last_success_at else None,
             "lag_rows": self.lag_rows,
@@ -126,6 +128,7 @@ def health_status(definition: PollerDefinition, settings: Mapping[str, str]) -> 
         lag_rows=health.lag_rows,
         lag_seconds=health.lag_seconds,
         stall_after=stall_after,
+        last_error=health.last_error,
     )
 
 
@@ -309,6 +312,8 @@ def status_notes(s: PollerStatus, app: str) -> list[tuple[str, str | None]]:
     if s.health is not None and s.health.state != "healthy":
         style = "red" if s.health.state == "stalled" else "yellow"
         notes.append((f"{s.poller}: {s.health.state}: {s.health.detail}", style))
+    if s.health is not None and s.health.last_error:
+        notes.append((f"{s.poller}: the latest run failed: {s.health.last_error}", "red"))
     if s.quarantined and s.quarantined[0]:
         notes.append(
             (

@@ -1,15 +1,13 @@
 """``afdb validate``: check each poller of an app without running it.
 
-For every poller: the schedule and the ``%SETTING%`` references resolve; the source opens (table
-and columns exist); a checkpoint can hold the cursor and key values, and they find their row
-again; an index supports the keyset query; which horizon method ``auto`` chose and the privileges
-it needs; how many rows have a NULL cursor; and the checkpoint in the poller's state store,
-compared with the current source definition by the same rules the engine applies before a run
-(:mod:`azure_functions_db.core.source_change`).
-
-Read-only: it opens the source (and closes it again), reads the key of the first row, reads the
-checkpoint, and never takes the lease or writes anything. The result is data
-(:class:`PollerValidation`); the CLI only renders it.
+For every poller: the schedule, the knobs and the ``%SETTING%`` references resolve; the source
+opens (table and columns exist); a checkpoint can hold the cursor and key values, and they find
+their row again; an index supports the keyset query; which horizon method ``auto`` chose and the
+privileges it needs; how many rows have a NULL cursor; and the checkpoint in the poller's state
+store, compared with the current source definition by the rules the engine applies before a run
+(:mod:`azure_functions_db.core.source_change`). Read-only: it opens the source (and closes it
+again), reads the key of the first row, reads the checkpoint, and never takes the lease or
+writes anything. The result is data (:class:`PollerValidation`); the CLI only renders it.
 Levels: ``ok``, ``warning`` (the poller runs, but see the message) and ``error`` (it cannot run,
 or would run wrongly, until fixed).
 """
@@ -262,16 +260,13 @@ class _Validation:
 
     def knobs(self) -> None:
         """The knobs read from app settings (``batch_size="%NAME%"``): set, and valid."""
-        named = self.definition.knobs
-        if not named:
-            return
-        try:
-            values = resolve_knobs(named, self.settings, self.name)
-        except SettingNotFoundError as exc:
-            self.add("settings", "error", str(exc))
-        except ConfigurationError as exc:
-            self.add("knobs", "error", str(exc))
-        else:
+        if named := self.definition.knobs:
+            try:
+                values = resolve_knobs(named, self.settings, self.name)
+            except ConfigurationError as exc:
+                missing = isinstance(exc, SettingNotFoundError)
+                self.add("settings" if missing else "knobs", "error", str(exc))
+                return
             shown = ", ".join(f"`{knob}` = {values[knob]:g} (`{named[knob]}`)" for knob in named)
             self.add("knobs", "ok", f"Knobs from app settings: {shown}.")
 

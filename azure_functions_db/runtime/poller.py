@@ -199,8 +199,11 @@ class PollerDefinition:
             return None
         return self.config.stall_runs * schedule_interval(schedule, self.clock.now())
 
-    def run_once(self, settings: Mapping[str, str] | None = None) -> RunReport:
-        """One run with settings from ``settings`` (default: the environment, read now)."""
+    def run_once(
+        self, settings: Mapping[str, str] | None = None, *, manual: bool = False
+    ) -> RunReport:
+        """One run with settings from ``settings`` (default: the environment, read now);
+        ``manual`` for a run started by hand (``afdb run --once``)."""
         env = dict(os.environ) if settings is None else settings
         log_event(logger, logging.DEBUG, "run_start", poller=self.name)
-        return self.engine(env).run(env)
+        return self.engine(env).run(env, manual=manual)

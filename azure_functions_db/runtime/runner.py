@@ -32,7 +32,9 @@ class RunOutcome:
         return self.error is None
 
 
-def run_one(definition: PollerDefinition, settings: Mapping[str, str]) -> RunOutcome:
+def run_one(
+    definition: PollerDefinition, settings: Mapping[str, str], *, manual: bool = False
+) -> RunOutcome:
     """Run a poller once; any error becomes that poller's failed outcome.
 
     One broken poller must not stop the others of the app: an error that is not the library's
@@ -40,7 +42,7 @@ def run_one(definition: PollerDefinition, settings: Mapping[str, str]) -> RunOut
     traceback. Only a Ctrl-C or ``sys.exit()`` ends the process.
     """
     try:
-        return RunOutcome(definition.name, definition.run_once(settings), None)
+        return RunOutcome(definition.name, definition.run_once(settings, manual=manual), None)
     except AfdbError as exc:
         error: AfdbError = exc
         log_event(

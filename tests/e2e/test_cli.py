@@ -248,3 +248,52 @@ def test_error_text_with_brackets_is_printed_verbatim(app, capsys, monkeypatch, 
     assert main(["run", str(changed), "--once"]) == EXIT_FAILED
     out = capsys.readouterr().out
     assert "cursor ['updated_at'] pk ['id']" in out
+
+
+def test_status_piped_shows_every_value_whole_and_the_last_error(app, capsys, monkeypatch):
+    """Piped (or narrower than 120 columns): one block per poller, no value cut to `…`; the
+    reason of a failed run is shown; a poller run by hand is not judged stalled."""
+    assert main(["run", str(app), "--once"]) == EXIT_OK
+    capsys.readouterr()
+    assert main(["status", str(app)]) == EXIT_OK  # run by hand long ago: not stalled
+    out = capsys.readouterr().out
+    assert "…" not in out
+    assert "position:" in out
+    assert "(cursor=(2026-01-01T12:00:03), pk=(10))" in out  # whole, on one line
+    monkeypatch.setenv("CLI_DB", "sqlite:///" + str(app.parent / "missing" / "nope.db"))
+    assert main(["run", str(app), "--once"]) == EXIT_FAILED
+    capsys.readouterr()
+    main(["status", str(app)])
+    out = capsys.readouterr().out
+    assert "the latest run failed: SourceError" in out
+    doc = status_json_any(app, capsys)
+    assert "SourceError" in str(doc["health"]["last_error"])
+
+
+def status_json_any(app: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
+    capsys.readouterr()
+    main(["status", str(app), "--json"])
+    (doc,) = json.loads(capsys.readouterr().out)
+    assert isinstance(doc, dict)
+    return doc
+
+
+def test_a_failed_run_is_printed_once(app, capsys, monkeypatch):
+    """The command's own `failed:` line, not the runner's log line as well."""
+    import logging
+
+    monkeypatch.setenv("CLI_DB", "sqlite:///" + str(app.parent / "missing" / "nope.db"))
+    root = logging.getLogger()
+    saved = list(root.handlers)
+    for handler in saved:
+        root.removeHandler(handler)  # as in a fresh process: basicConfig installs its own
+    try:
+        assert main(["run", str(app), "--once"]) == EXIT_FAILED
+        out, err = capsys.readouterr()
+    finally:
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        for handler in saved:
+            root.addHandler(handler)
+    text = out + err
+    assert text.count("unable to open database file") == 1, text

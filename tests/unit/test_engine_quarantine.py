@@ -246,3 +246,18 @@ def test_records_survive_on_the_local_store_directory(orders, tmp_path: Path, cl
     (record,) = records(again)
     assert [c.pk for c in record.changes] == [3]
     assert store.quarantine_path(KEY, record.id).exists()
+
+
+def test_the_report_shows_the_checkpoint_after_the_last_rows_were_quarantined(
+    orders: Orders, store: StateStore, clock: FakeClock
+) -> None:
+    """The run's report line names the checkpoint, which moved past the parked rows."""
+    orders.insert(range(1, 9))
+    engine = make_engine(
+        orders, store, Picky(8), clock, batch_size=4, max_attempts=1, poison="quarantine"
+    )
+    report = engine.run(SETTINGS)
+    assert report.quarantined == 1
+    assert report.position == stored(store).position
+    assert report.position is not None
+    assert report.position.pk == (8,)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 from pathlib import Path
@@ -158,3 +159,23 @@ def test_status_shows_a_stalled_poller_and_its_quarantined_rows(tmp_path: Path) 
     assert status.health.state == "stalled"
     assert status.to_json()["health"]["stall_after_seconds"] == 150
     orders.close()
+
+
+def test_a_run_by_hand_is_not_judged_by_its_schedule() -> None:
+    """`afdb run --once` while the schedule runs nowhere: hours later the poller is not
+    `stalled` for the fires it never had; a failed run still says what it failed on."""
+    h = next_health(None, dataclasses.replace(run(0), manual=True), stall_after=150, stall_runs=5)
+    state, detail = judged_now(h, T + dt.timedelta(hours=5), 150)
+    assert state == "healthy"
+    assert "by hand" in detail
+    failed = RunOutcome(
+        at=T + dt.timedelta(seconds=10),
+        status="failed",
+        ok=False,
+        error="SourceError: Database open for table `orders` failed",
+    )
+    h2 = next_health(h, failed, stall_after=150, stall_runs=5)
+    assert h2.last_error == "SourceError: Database open for table `orders` failed"
+    assert next_health(h2, run(20), stall_after=150, stall_runs=5).last_error is None
+    scheduled = next_health(None, run(0), stall_after=150, stall_runs=5)
+    assert judged_now(scheduled, T + dt.timedelta(hours=5), 150)[0] == "stalled"
