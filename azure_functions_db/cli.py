@@ -47,10 +47,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if level > logging.DEBUG:
         # -v is for our own lines; the Azure SDK logs every HTTP request at INFO.
         logging.getLogger("azure").setLevel(logging.WARNING)
-    for handler in logging.getLogger().handlers:
+    for log_handler in logging.getLogger().handlers:
         # The command prints each failed run itself (`<poller>: failed: ...`): the runner's
         # `run_failed` line, meant for a host's log, would say it twice.
-        handler.addFilter(lambda record: getattr(record, "afdb_action", None) != "run_failed")
+        log_handler.addFilter(lambda r: getattr(r, "afdb_action", None) != "run_failed")
     # No markup: error texts and row values may contain `[...]`; colour goes through style=.
     console = Console(highlight=False, soft_wrap=True, markup=False)
     try:

@@ -69,7 +69,9 @@ def attempts(engine: Engine) -> tuple[int, object]:
         (SystemExit(3), SystemExit),
     ],
 )
-def test_a_base_exception_is_a_logged_failed_attempt_counted_unless_ctrl_c(orders, caplog, raised, escapes):
+def test_a_base_exception_is_a_logged_failed_attempt_counted_unless_ctrl_c(
+    orders, caplog, raised, escapes
+):
     def handler(batch: Batch) -> None:
         raise raised
 
