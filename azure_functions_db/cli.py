@@ -219,10 +219,16 @@ def _run(args: argparse.Namespace, console: Console) -> int:
 
     pollers = _select(args, args.poller)
     settings = _settings(args)
+    stores = {p.name: _store_name(p.store(settings)) for p in pollers}
     for definition in pollers:
-        console.print(f"{definition.name}: state {_store_name(definition.store(settings))}")
+        if not args.json:
+            console.print(f"{definition.name}: state {stores[definition.name]}")
 
     def show(outcome: RunOutcome) -> None:
+        if args.json:
+            sys.stdout.write(json.dumps(outcome.to_json(stores[outcome.poller])) + "\n")
+            sys.stdout.flush()
+            return
         if outcome.report is not None:
             r = outcome.report
             if r.status == "lease_held":
@@ -264,9 +270,10 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     _check_sources(pollers, settings)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    console.print(
-        f"Running {len(pollers)} poller(s) on their schedules; Ctrl-C to stop.", style="bold"
-    )
+    if not args.json:
+        console.print(
+            f"Running {len(pollers)} poller(s) on their schedules; Ctrl-C to stop.", style="bold"
+        )
     try:
         failures = run_scheduled(pollers, settings, SystemClock(), stop=stop, on_outcome=show)
     except KeyboardInterrupt:

@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("app", help="function_app.py, its folder, or module[:attr]")
     run.add_argument("--once", action="store_true", help="one run of each poller, then exit")
     run.add_argument("--poller", action="append", help="only this poller (repeatable)")
+    run.add_argument(
+        "--json", action="store_true", help="one JSON object per run (JSON Lines) for scripts"
+    )
 
     status = add("status", "show each poller's checkpoint and lease")
     status.add_argument("app")

@@ -7,6 +7,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from croniter import croniter
 
@@ -30,6 +31,27 @@ class RunOutcome:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    def to_json(self, store: str) -> dict[str, Any]:
+        """One line of ``afdb run --json``: stable keys (never renamed, only added)."""
+        r = self.report
+        position = r.position if r is not None else None
+        return {
+            "poller": self.poller,
+            "ok": self.ok,
+            "status": r.status if r is not None else "failed",
+            "batches": r.batches if r is not None else 0,
+            "rows": r.rows if r is not None else 0,
+            "position": position.to_json() if position is not None else None,
+            "position_text": str(position) if position is not None else None,
+            "quarantined": r.quarantined if r is not None else 0,
+            "records": list(r.records) if r is not None else [],
+            "lease_holder": r.holder if r is not None else None,
+            "held_by": r.held_by if r is not None else None,
+            "held_seconds": r.held_seconds if r is not None else None,
+            "error": str(self.error) if self.error is not None else None,
+            "store": store,
+        }
 
 
 def run_one(

@@ -297,3 +297,26 @@ def test_a_failed_run_is_printed_once(app, capsys, monkeypatch):
             root.addHandler(handler)
     text = out + err
     assert text.count("unable to open database file") == 1, text
+
+
+def test_run_json_is_one_object_per_run(app, capsys, monkeypatch):
+    assert main(["run", str(app), "--once", "--json"]) == EXIT_OK
+    (line,) = capsys.readouterr().out.splitlines()
+    doc = json.loads(line)
+    assert (doc["poller"], doc["ok"], doc["status"], doc["rows"]) == (
+        "orders",
+        True,
+        "caught_up",
+        10,
+    )
+    assert doc["position"]["pk"] == [{"t": "int", "v": 10}] or doc["position_text"].endswith(
+        "pk=(10))"
+    )
+    assert doc["store"].startswith("local:")
+    monkeypatch.setenv("CLI_FAIL", "1")
+    monkeypatch.setenv("CLI_DB", "sqlite:///" + str(app.parent / "missing" / "nope.db"))
+    assert main(["run", str(app), "--once", "--json"]) == EXIT_FAILED
+    (line,) = capsys.readouterr().out.splitlines()
+    failed = json.loads(line)
+    assert (failed["ok"], failed["status"]) == (False, "failed")
+    assert "unable to open database file" in failed["error"]
