@@ -7,7 +7,15 @@ import json
 import sys
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    Progress,
+    ProgressColumn,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Column
 
 from azure_functions_db.spark.job import BackfillProgress, backfill
 
@@ -22,17 +30,27 @@ def _eta(seconds: float | None) -> str:
 
 def run_backfill_command(args: argparse.Namespace, console: Console, stderr: Console) -> int:
     """Run the backfill the arguments describe; 0 when it finished."""
-    bar = Progress(
-        TextColumn("backfill {task.fields[run]}"),
-        BarColumn(),
-        TextColumn("{task.completed:,.0f}/{task.total:,.0f} rows"),
-        TextColumn("{task.fields[chunks]} chunks"),
-        TextColumn("{task.fields[rate]:,.0f} rows/s"),
-        TextColumn("ETA {task.fields[eta]}"),
-        TimeElapsedColumn(),
-        console=stderr,
-        disable=args.json or not stderr.is_terminal,
-    )
+    # Below 120 columns: one line of text that wraps, no bar; the numbers are never cut.
+    if stderr.width >= 120:
+        columns: tuple[ProgressColumn, ...] = (
+            TextColumn("backfill {task.fields[run]}"),
+            BarColumn(),
+            TextColumn("{task.completed:,.0f}/{task.total:,.0f} rows"),
+            TextColumn("{task.fields[chunks]} chunks"),
+            TextColumn("{task.fields[rate]:,.0f} rows/s"),
+            TextColumn("ETA {task.fields[eta]}"),
+            TimeElapsedColumn(),
+        )
+    else:
+        columns = (
+            TextColumn(
+                "backfill {task.fields[run]}: {task.completed:,.0f}/{task.total:,.0f} rows, "
+                "{task.fields[chunks]} chunks, {task.fields[rate]:,.0f} rows/s, "
+                "ETA {task.fields[eta]}",
+                table_column=Column(overflow="fold"),
+            ),
+        )
+    bar = Progress(*columns, console=stderr, disable=args.json or not stderr.is_terminal)
     task: list[TaskID] = []
 
     def show(p: BackfillProgress) -> None:
