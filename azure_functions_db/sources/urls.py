@@ -161,8 +161,12 @@ def _token_of(tokens: Mapping[str, str], name: str) -> str:
 def parse_url(text: str, what: str) -> sa.URL:
     """``text`` as a SQLAlchemy URL; the error repeats neither the text nor the parser's words.
 
-    ``what`` names the URL's owner in the error, e.g. ``the source of table `orders```.
+    ``what`` names the URL's owner in the error, e.g. ``the source of table `orders```. An
+    ADO.NET connection string (``Server=...;Database=...;Uid=...;Pwd=...``, what the Azure
+    portal and the Functions SQL/MySQL triggers use) is converted (:func:`from_ado_net`).
     """
+    if "://" not in text and _ADO_PAIR.match(text):
+        return from_ado_net(text, what)
     if several_at_signs(text):
         raise ConfigurationError(
             f"The database URL of {what} has more than one `@` before its host, so its user or "
@@ -255,3 +259,96 @@ def masked_url(template: str | sa.URL) -> str:
     for token, placeholder in tokens.items():
         text = text.replace(token, placeholder)
     return text
+
+
+# ADO.NET connection strings: `Key=Value;...`, keys case-insensitive, as the Azure portal writes
+# them for Azure Database for MySQL (MySqlConnector), PostgreSQL (Npgsql) and Azure SQL.
+_ADO_PAIR = re.compile(r"\s*[A-Za-z][A-Za-z ]*=")
+_ADO_KEYS = {
+    "host": ("server", "host", "data source", "address", "addr", "network address"),
+    "port": ("port",),
+    "database": ("database", "initial catalog"),
+    "username": ("uid", "user id", "userid", "user", "username", "user name"),
+    "password": ("pwd", "password"),
+}
+_ADO_DRIVERS = {3306: "mysql+pymysql", 5432: "postgresql+psycopg", 1433: "mssql+pyodbc"}
+
+
+def from_ado_net(text: str, what: str) -> sa.URL:
+    """The SQLAlchemy URL of an ADO.NET connection string, each value in its own part (a
+    password with ``;`` must be quoted as ADO.NET quotes it: ``Pwd="a;b"``).
+
+    The dialect is the one its keys or port say: ``Initial Catalog``, ``tcp:`` or port 1433
+    for SQL Server (the ODBC Driver 18); ``Host``/``Username`` or port 5432 for PostgreSQL;
+    ``Uid``/``SslMode`` or port 3306 for MySQL. Otherwise the error says which key to add."""
+    pairs: dict[str, str] = {}
+    for part in _ado_parts(text):
+        key, sep, value = part.partition("=")
+        if sep:
+            pairs[key.strip().lower()] = value.strip()
+    found = {
+        name: next((pairs[k] for k in keys if k in pairs), None) for name, keys in _ADO_KEYS.items()
+    }
+    host = found["host"] or ""
+    port_text = found["port"]
+    if host.lower().startswith("tcp:"):
+        host = host[4:]
+    if "," in host:  # SQL Server: `host,port`
+        host, _, port_text = host.partition(",")
+    try:
+        port = int(port_text) if port_text else None
+    except ValueError:
+        raise ConfigurationError(
+            f"The ADO.NET connection string of {what} has port `{port_text}`: a number is needed."
+        ) from None
+    drivername = _ado_driver(pairs, port, found["host"] or "")
+    if drivername is None:
+        raise ConfigurationError(
+            f"The ADO.NET connection string of {what} does not say which database it is for: add "
+            "`Port=3306` (MySQL), `Port=5432` (PostgreSQL) or `Port=1433` (SQL Server), or give a "
+            "SQLAlchemy URL such as `mysql+pymysql://user:password@host:3306/db`."
+        )
+    query = {"driver": "ODBC Driver 18 for SQL Server"} if drivername == "mssql+pyodbc" else {}
+    return sa.URL.create(
+        drivername,
+        username=found["username"],
+        password=found["password"],
+        host=host or None,
+        port=port,
+        database=found["database"],
+        query=query,
+    )
+
+
+def _ado_driver(pairs: Mapping[str, str], port: int | None, server: str) -> str | None:
+    if "initial catalog" in pairs or server.lower().startswith("tcp:") or port == 1433:
+        return "mssql+pyodbc"
+    if port in _ADO_DRIVERS:
+        return _ADO_DRIVERS[port]
+    if "host" in pairs or "username" in pairs:
+        return "postgresql+psycopg"
+    if "uid" in pairs or "sslmode" in pairs or "ssl mode" in pairs:
+        return "mysql+pymysql"
+    return None
+
+
+def _ado_parts(text: str) -> list[str]:
+    """``text`` split at the ``;`` outside double or single quotes, quotes removed."""
+    parts, current, quote = [], [], ""
+    for char in text:
+        if quote:
+            if char == quote:
+                quote = ""
+            else:
+                current.append(char)
+        elif (char in "\"'" and current and current[-1] == "=") or (
+            char in "\"'" and "".join(current).rstrip().endswith("=")
+        ):
+            quote = char
+        elif char == ";":
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    parts.append("".join(current))
+    return [p for p in parts if p.strip()]

@@ -107,3 +107,18 @@ def test_a_wrong_token_fails_at_once_naming_no_secret(token_user: User) -> None:
     assert "TransientSourceError" not in type(caught.value).__name__
     assert "Access denied" in str(caught.value)
     assert credential.token not in str(caught.value)
+
+
+def test_an_ado_net_connection_string_signs_in(token_user: User) -> None:
+    """The form the Azure portal shows for Azure Database for MySQL, in a setting."""
+    text = (
+        f"Server=127.0.0.1;Port=3306;Database={token_user.database};Uid={token_user.name};"
+        f"Pwd={token_user.password};SslMode=Preferred;"
+    )
+    source = SqlSource(connection="ORDERS_DB", table="orders", cursor="at", horizon="none")
+    source.open({"ORDERS_DB": text})
+    try:
+        assert [row.data["id"] for row in source.fetch(None, 10, source.horizon())] == [1, 2]
+        assert token_user.password not in repr(source)
+    finally:
+        source.close()

@@ -138,3 +138,43 @@ def test_a_url_with_an_unencoded_at_sign_is_refused_showing_nothing_of_it(whole)
     source = SqlSource(whole, table="orders", cursor="updated_at")
     for fragment in ("Sup3r", "Secr", "p@ss", "us@er"):
         assert fragment not in repr(source)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "Server=orders.mysql.database.azure.com;Port=3306;Database=shop;Uid=app;Pwd=p@ssw#rd;",
+            ("mysql+pymysql", "orders.mysql.database.azure.com", 3306, "shop", "app", "p@ssw#rd"),
+        ),
+        (
+            "Host=pg.example.com;Database=shop;Username=app;Password='a;b=c'",
+            ("postgresql+psycopg", "pg.example.com", None, "shop", "app", "a;b=c"),
+        ),
+        (
+            "Server=tcp:sql.example.net,1433;Initial Catalog=shop;User ID=app;Password=x@y;"
+            "Encrypt=True;",
+            ("mssql+pyodbc", "sql.example.net", 1433, "shop", "app", "x@y"),
+        ),
+        (
+            "server=db;port=5432;database=shop;user id=app;password=pw",
+            ("postgresql+psycopg", "db", 5432, "shop", "app", "pw"),
+        ),
+    ],
+)
+def test_an_ado_net_connection_string_in_a_setting_is_converted(text, expected):
+    """The form the Azure portal and the Functions SQL/MySQL triggers use, each value in its own
+    part of the URL."""
+    url = resolve_url("%ORDERS_DB%", {"ORDERS_DB": text}, "test")
+    assert (url.drivername, url.host, url.port, url.database, url.username, url.password) == (
+        expected
+    )
+    assert expected[-1] not in masked_url(url)
+
+
+def test_an_ado_net_string_that_names_no_database_kind_says_which_key_to_add():
+    text = "Server=db.example.com;Database=shop;User Id=app;Password=s3cret-value"
+    with pytest.raises(ConfigurationError, match="Port=3306") as caught:
+        resolve_url("%ORDERS_DB%", {"ORDERS_DB": text}, "test")
+    assert "s3cret-value" not in str(caught.value)
+    assert "db.example.com" not in str(caught.value)
