@@ -65,7 +65,7 @@ from azure_functions_db.state.local import LocalStateStore
 from azure_functions_db.state.memory import MemoryStateStore
 
 if TYPE_CHECKING:
-    from azure_functions_db.sinks.delta import DeltaSink
+    from azure_functions_db.sinks.delta import DeltaSink, DeltaWriter
     from azure_functions_db.sinks.queue import QueueSink
     from azure_functions_db.state.blob import BlobStateStore
     from azure_functions_db.state.table import TableStateStore
@@ -76,6 +76,7 @@ _LAZY = {
     "BlobStateStore": "azure_functions_db.state.blob",
     "TableStateStore": "azure_functions_db.state.table",
     "DeltaSink": "azure_functions_db.sinks.delta",
+    "DeltaWriter": "azure_functions_db.sinks.delta",
     "QueueSink": "azure_functions_db.sinks.queue",
 }
 
@@ -96,6 +97,7 @@ __all__ = [
     "CheckpointCorruptError",
     "ConfigurationError",
     "DeltaSink",
+    "DeltaWriter",
     "FunctionsRetry",
     "HandlerContractError",
     "HandlerError",
