@@ -1,8 +1,8 @@
 """What a soak poller's handler does with a batch (shared by the PostgreSQL and MariaDB apps).
 
-It refuses every batch holding a planted poison version (only ``poison="quarantine"`` gets the
-poller past it), writes the batch through the sink (one row per delivered version), logs the
-fence and time it started under, then sometimes works slowly, freezes past its lease or fails;
+It logs the fence and time it started under, refuses every batch holding a planted poison
+version (only ``poison="quarantine"`` gets the poller past it), writes the batch through the
+sink (one row per delivered version), then sometimes works slowly, freezes past its lease or fails;
 once the driver creates the drain flag it does none of that, so the drain is quick. Last it logs
 every (id, version) of the batch, with fsync, before it returns.
 """
@@ -42,6 +42,12 @@ class SoakHandler:
     rng: random.Random
 
     def __call__(self, batch: afdb.Batch, sink: afdb.SqlWriter | None) -> None:
+        # First thing: the checker's (c) judges when the call began. Logged after the sink's
+        # insert, a call frozen (SIGSTOP) inside that insert looked as if it began after the
+        # freeze, under a fence already superseded (the 30-minute run of 2026-11-26, seed 3939).
+        started = self.events.write(
+            "start", fence=batch.fence, attempt=batch.attempt, rows=len(batch)
+        )
         bad = [[c.pk, c.data["version"]] for c in batch if poisoned(c.pk, c.data["version"])]
         if bad:  # always, draining or not: only quarantine gets the poller past these
             self.events.write("poison", fence=batch.fence, attempt=batch.attempt, rows=bad)
@@ -59,9 +65,6 @@ class SoakHandler:
                     for c in batch
                 ],
             )
-        started = self.events.write(
-            "start", fence=batch.fence, attempt=batch.attempt, rows=len(batch)
-        )
         if not self.calm and not self.drain.exists():
             draw = self.rng.random()
             if draw < P_FAIL:
