@@ -6,9 +6,10 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# An editable install that type checkers can follow: a path entry, not an import hook, so mypy
-# and pyright find the package and its py.typed in a user's project.
-EDITABLE := --config-settings editable_mode=compat
+# `make demo`'s editable install is one type checkers can follow: a tree of links on a path
+# entry, not an import hook, so mypy and pyright find the package and its py.typed in a user's
+# project (setuptools' "strict" mode: a file added to the package later needs `make clean demo`).
+STRICT_EDITABLE := --config-settings editable_mode=strict
 # `make demo` needs only the package and its command line (no PySpark, no test tools).
 DEMO_STAMP := $(VENV)/.demo-installed
 # Azurite (the Azure Storage emulator) is pinned to an exact version in tools/azurite/package.json
@@ -32,7 +33,7 @@ help: ## Show the targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet $(EDITABLE) -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
 demo: $(DEMO_STAMP) ## Run a sample poller on a local SQLite table with the local state store
@@ -41,7 +42,7 @@ demo: $(DEMO_STAMP) ## Run a sample poller on a local SQLite table with the loca
 $(DEMO_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet $(EDITABLE) -e '.[cli]'
+	$(BIN)/python -m pip install --quiet $(STRICT_EDITABLE) -e '.[cli]'
 	touch $(DEMO_STAMP)
 
 $(AZURITE_STAMP): $(AZURITE_DIR)/package.json $(AZURITE_DIR)/package-lock.json

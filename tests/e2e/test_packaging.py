@@ -106,15 +106,26 @@ def test_all_brings_every_extra():
 
 @pytest.mark.slow
 def test_a_users_type_checker_finds_the_installed_package(tmp_path):
-    """`make test`/`make demo` install the checkout as a path entry, not an import hook, so mypy
-    run for a user's project finds `azure_functions_db` and its py.typed."""
+    """The editable install `make demo` and the quickstart make (setuptools' strict mode: links
+    on a path entry, not an import hook) lets mypy, run for a user's project, find
+    `azure_functions_db` and its py.typed."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    install = subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", "--no-deps",
+         "--config-settings", "editable_mode=strict", "-e", str(REPO)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert install.returncode == 0, install.stderr
+    assert "Deprecat" not in install.stdout + install.stderr
     user = tmp_path / "user_app.py"
     user.write_text(
         "import azure_functions_db as afdb\n\n"
         "batch_size: int = afdb.PollerBlueprint\n"  # a type error mypy can only see with types
     )
     done = subprocess.run(
-        [sys.executable, "-m", "mypy", "--python-executable", sys.executable,
+        [sys.executable, "-m", "mypy", "--python-executable", str(python),
          "--no-incremental", str(user)],
         cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
