@@ -582,7 +582,9 @@ def main(argv: Sequence[str]) -> int:
     report = check(folder)
     if markdown:
         meta = json.loads((folder / "meta.json").read_text())
-        command = f"make soak SECONDS={meta['seconds']:g} SEED={meta['seed']}"
+        command = (
+            f"make soak SECONDS={meta['seconds']:g} SEED={meta['seed']} DB={meta.get('db', 'pg')}"
+        )
         if meta.get("sink") is False:  # `make soak` has no such switch: the module's command
             every = meta.get("checkpoint_every")
             command = f"python -m soak --seconds {meta['seconds']:g} --seed {meta['seed']} "

@@ -566,6 +566,7 @@ class Soak:
 
     def write_meta(self) -> None:
         meta = {
+            "db": "pg",
             "seed": self.o.seed,
             "seconds": self.o.seconds,
             "control": self.o.control,
