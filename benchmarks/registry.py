@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from benchmarks import (
     azurite_requests,
+    mysql_trigger_replay,
     pg_drain,
     pg_remote,
     spark_backfill,
@@ -30,6 +31,7 @@ ALL: tuple[Benchmark, ...] = (
     pg_drain.BENCHMARK,
     pg_remote.BENCHMARK,
     spark_backfill.BENCHMARK,
+    mysql_trigger_replay.BENCHMARK,
 )
 
 
