@@ -15,7 +15,10 @@ from azure_functions_db.state.blob import BlobStateStore
 from azure_functions_db.state.storage import SDK_REQUEST_LOGGER, resolve_storage
 from azure_functions_db.state.table import TableStateStore
 from devkit.azurite import Azurite
+from tests.e2e.test_cli import app
 from tests.support.sqlite_orders import Orders
+
+__all__ = ["app"]  # fixture: the CLI test app, its settings in the environment
 
 KEY = "c2VjcmV0LWtleS1ub3QtdG8tbGVhaw=="
 CONN = (
@@ -174,17 +177,9 @@ def test_an_http_service_uri_is_refused_naming_the_setting_and_the_fix(kind):
     assert "UseDevelopmentStorage=true" in message
 
 
-def test_the_cli_says_it_in_one_line(tmp_path, capsys, monkeypatch):
+def test_the_cli_says_it_in_one_line(app, capsys, monkeypatch):
     from azure_functions_db.cli import EXIT_OK, main
-    from tests.e2e.test_cli import APP
 
-    orders = Orders(tmp_path / "orders.db")
-    orders.insert(range(1, 3))
-    orders.close()
-    app = tmp_path / "function_app.py"
-    app.write_text(APP)
-    monkeypatch.setenv("CLI_DB", orders.url)
-    monkeypatch.setenv("CLI_OUT", str(tmp_path / "out.txt"))
     monkeypatch.delenv("AzureWebJobsStorage", raising=False)
     monkeypatch.setenv("AzureWebJobsStorage__blobServiceUri", "http://127.0.0.1:10000/x")
     monkeypatch.setenv("AFDB_STATE", "azure")

@@ -16,12 +16,14 @@ from tests.unit.test_blueprint import orders
 __all__ = ["orders"]  # fixture: seven rows
 
 
-def blueprint(orders: Orders, tmp_path: Path, seen: list[int], **knobs) -> afdb.PollerBlueprint:
+def blueprint(
+    orders: Orders, tmp_path: Path, seen: list[int], schedule: str = "0 * * * * *", **knobs
+) -> afdb.PollerBlueprint:
     db = afdb.PollerBlueprint()
 
     @db.poller(
         name="tuned",
-        schedule="0 * * * * *",
+        schedule=schedule,
         source=afdb.SqlSource(url=orders.url, table="orders", cursor="updated_at", pk="id"),
         state=afdb.LocalStateStore(tmp_path / "state"),
         **knobs,
@@ -104,19 +106,14 @@ def test_validate_checks_the_knob_and_schedule_settings(orders, tmp_path):
     `ORDERS_BATCH=abc`; now each knob and the schedule's setting is a finding."""
     from azure_functions_db.ops.validate import validate_poller
 
-    db = afdb.PollerBlueprint()
-
-    @db.poller(
-        name="tuned",
+    db = blueprint(
+        orders,
+        tmp_path,
+        [],
         schedule="%TUNED_SCHEDULE%",
-        source=afdb.SqlSource(url=orders.url, table="orders", cursor="updated_at", pk="id"),
-        state=afdb.LocalStateStore(tmp_path / "state"),
         batch_size="%TUNED_BATCH%",
         max_attempts="%TUNED_ATTEMPTS%",
     )
-    def handler(batch: afdb.Batch) -> None:
-        pass
-
     poller = db.pollers["tuned"]
     bad = validate_poller(poller, {"TUNED_BATCH": "abc", "TUNED_SCHEDULE": "every minute"})
     errors = [f for f in bad.findings if f.level == "error"]
