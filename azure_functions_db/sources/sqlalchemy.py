@@ -253,7 +253,8 @@ class SqlSource:
                 where=self._where_print,
                 columns=names,
             )
-            self._horizon.prepare(self.horizon_target())
+            with self._db_errors("horizon"):  # a connection lost here is transient too
+                self._horizon.prepare(self.horizon_target())
         except BaseException:
             self._engine = self._query = self._description = None
             engine.dispose()

@@ -771,3 +771,32 @@ def test_description_is_schema_qualified_and_pk_known_after_open(tmp_path, opene
     opened.append(source)
     assert source.description.pk == ("id",)
     assert source.fetch(None, 1, NO_HORIZON) == []
+
+
+def test_a_connection_lost_while_the_horizon_prepares_is_a_transient_source_error(tmp_path):
+    """Found by the MariaDB soak: a session killed during the horizon's first reading (as the
+    source opened) escaped as the driver's error and ended `afdb run`; it is a lost connection,
+    retried like any other."""
+    import sqlalchemy as sa
+
+    from azure_functions_db.errors import TransientSourceError
+    from tests.support.sqlite_orders import Orders
+
+    class Killed:
+        name = "killed"
+
+        def prepare(self, target):  # type: ignore[no-untyped-def]
+            orig = OSError("Lost connection to MySQL server during query")
+            raise sa.exc.OperationalError(
+                "SELECT GET_LOCK(...)", {}, orig, connection_invalidated=True
+            )
+
+        def bound(self, target, now):  # type: ignore[no-untyped-def]
+            return None
+
+    orders = Orders(tmp_path / "orders.db")
+    orders.insert(range(1, 3))
+    source = SqlSource(orders.url, "orders", "updated_at", "id", horizon=Killed())
+    with pytest.raises(TransientSourceError, match="horizon"):
+        source.open({})
+    orders.close()
