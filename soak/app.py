@@ -21,24 +21,13 @@ versions, which it always refuses: ``poison="quarantine"`` parks them).
 from __future__ import annotations
 
 import os
-import random
-from pathlib import Path
 from typing import Any
 
 import azure_functions_db as afdb
-from devkit.evidence import EvidenceLog, capture_engine_events
-from soak.handling import SoakHandler
+from soak.handling import LEASE_SECONDS, SoakProcess
 
 ENV = os.environ
-LEASE_SECONDS = 15.0
-EVENTS = EvidenceLog(Path(ENV["SOAK_EVENTS"]) / f"poller-{os.getpid()}.jsonl")
-DRAIN = Path(ENV["SOAK_DRAIN"])
-CONTROL = ENV.get("SOAK_CONTROL") == "1"
-CALM = ENV.get("SOAK_CALM") == "1"
-# Per process: each replacement poller draws its own behaviour.
-_rng = random.Random(f"{ENV.get('SOAK_SEED', '0')}:{os.getpid()}")  # noqa: S311 - not crypto
-
-capture_engine_events(EVENTS.write)
+PROCESS = SoakProcess.start(ENV)
 APPLIED = f"{ENV['SOAK_TABLE']}_applied"
 
 db = afdb.PollerBlueprint()
@@ -50,7 +39,7 @@ SOURCE = afdb.SqlSource(
     table=ENV["SOAK_TABLE"],
     cursor="updated_at",
     pk="id",
-    horizon="none" if CONTROL else "auto",
+    horizon="none" if PROCESS.control else "auto",
 )
 OPTIONS: dict[str, Any] = {
     "name": "soak",
@@ -63,7 +52,7 @@ OPTIONS: dict[str, Any] = {
     "max_attempts": 3,
     "poison": "quarantine",
 }
-_handle = SoakHandler(EVENTS, DRAIN, APPLIED, LEASE_SECONDS, CALM, _rng)
+_handle = PROCESS.handler(APPLIED)
 
 
 if SINK:

@@ -12,18 +12,21 @@ from __future__ import annotations
 import os
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import azure_functions_db as afdb
-from devkit.evidence import EvidenceLog
+from devkit.evidence import EvidenceLog, capture_engine_events
 from soak.check import poisoned
 
 # Chances per handler call (none while draining); otherwise it works 20-100 ms, like a handler
 # that writes somewhere, so a fault often lands while a batch is in flight.
 P_FAIL, P_FREEZE, P_SLOW = 0.02, 0.01, 0.08
 WORK = (0.02, 0.1)
+#: The pollers' lease (Azure's shortest); a frozen handler sleeps past it.
+LEASE_SECONDS = 15.0
 
 
 def position(value: afdb.Position | None) -> list[Any] | None:
@@ -86,3 +89,35 @@ class SoakHandler:
             after=position(batch.position_after),
             rows=[[change.pk, change.data["version"]] for change in batch],
         )
+
+
+@dataclass(frozen=True)
+class SoakProcess:
+    """What one poller process of a soak reads from the environment the driver set:
+    ``SOAK_EVENTS`` (its evidence folder), ``SOAK_DRAIN`` (flag file), ``SOAK_CONTROL`` (``1``:
+    no late-commit horizon), ``SOAK_CALM`` (``1``: a handler that never fails, freezes or
+    dawdles), ``SOAK_SEED``."""
+
+    events: EvidenceLog
+    drain: Path
+    control: bool
+    calm: bool
+    rng: random.Random
+
+    @classmethod
+    def start(cls, env: Mapping[str, str]) -> SoakProcess:
+        """This process's evidence log (the engine's events go there too) and switches."""
+        events = EvidenceLog(Path(env["SOAK_EVENTS"]) / f"poller-{os.getpid()}.jsonl")
+        capture_engine_events(events.write)
+        return cls(
+            events=events,
+            drain=Path(env["SOAK_DRAIN"]),
+            control=env.get("SOAK_CONTROL") == "1",
+            calm=env.get("SOAK_CALM") == "1",
+            # Per process: each replacement poller draws its own behaviour.
+            rng=random.Random(f"{env.get('SOAK_SEED', '0')}:{os.getpid()}"),  # noqa: S311
+        )
+
+    def handler(self, applied: str) -> SoakHandler:
+        """The handler of a poller whose sink table is ``applied``."""
+        return SoakHandler(self.events, self.drain, applied, LEASE_SECONDS, self.calm, self.rng)

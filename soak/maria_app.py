@@ -17,23 +17,13 @@ Environment (set by ``soak.maria``): ``AzureWebJobsStorage``, ``SOAK_DB_URL``, `
 from __future__ import annotations
 
 import os
-import random
-from pathlib import Path
 from typing import Any
 
 import azure_functions_db as afdb
-from devkit.evidence import EvidenceLog, capture_engine_events
-from soak.handling import SoakHandler
+from soak.handling import LEASE_SECONDS, SoakProcess
 
 ENV = os.environ
-LEASE_SECONDS = 15.0
-EVENTS = EvidenceLog(Path(ENV["SOAK_EVENTS"]) / f"poller-{os.getpid()}.jsonl")
-DRAIN = Path(ENV["SOAK_DRAIN"])
-CONTROL = ENV.get("SOAK_CONTROL") == "1"
-CALM = ENV.get("SOAK_CALM") == "1"
-_rng = random.Random(f"{ENV.get('SOAK_SEED', '0')}:{os.getpid()}")  # noqa: S311 - not crypto
-
-capture_engine_events(EVENTS.write)
+PROCESS = SoakProcess.start(ENV)
 
 db = afdb.PollerBlueprint()
 
@@ -48,7 +38,7 @@ def _define(name: str, table: str, mode: str) -> None:
             cursor="updated_at",
             pk="id",
             cursor_timezone=ENV["SOAK_ZONE"],
-            horizon="none" if CONTROL else "auto",
+            horizon="none" if PROCESS.control else "auto",
         ),
         "state": afdb.BlobStateStore(container=ENV["SOAK_CONTAINER"]),
         "sink": afdb.SqlSink(url="%SOAK_DB_URL%", position_table=f"{table}_positions"),
@@ -60,7 +50,7 @@ def _define(name: str, table: str, mode: str) -> None:
     }
     if mode == "low":
         options["poll_interval"] = 0.2
-    handle = SoakHandler(EVENTS, DRAIN, f"{table}_applied", LEASE_SECONDS, CALM, _rng)
+    handle = PROCESS.handler(f"{table}_applied")
 
     def on_changes(batch: afdb.Batch, sink: afdb.SqlWriter) -> None:
         handle(batch, sink)

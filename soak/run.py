@@ -48,12 +48,13 @@ import azure_functions_db as afdb
 from devkit.azurite import DIE_WITH_PARENT, Azurite
 from devkit.evidence import EvidenceLog
 from soak.check import Report, check
+from soak.handling import LEASE_SECONDS
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/test"
 CONTAINER = "soak-state"
 KEY = afdb.PollerKey(namespace="live", poller="soak")
-LEASE = 15.0
+LEASE = LEASE_SECONDS  # the pollers' lease (soak.handling)
 SAMPLE_EVERY = 0.5
 
 #: Fault kinds and their weights in the schedule.

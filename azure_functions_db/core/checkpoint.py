@@ -408,9 +408,7 @@ def decode_checkpoint(data: bytes) -> Checkpoint:
     source = doc.get("source")
     seek = doc.get("seek")
     health = doc.get("health")
-    last_error = doc.get("last_error")
-    if last_error is not None and not isinstance(last_error, str):
-        raise CodecError("`last_error` must be a string")
+    last_error = _text_or_none(doc.get("last_error"), "last_error")
     return Checkpoint(
         key=PollerKey(namespace=str_field(doc, "namespace"), poller=str_field(doc, "poller")),
         position=_position_or_none(doc.get("position")),
@@ -446,7 +444,7 @@ def json_object(data: bytes) -> dict[str, Any]:
 
 def _text_or_none(value: Any, name: str) -> str | None:
     if value is not None and not isinstance(value, str):
-        raise CodecError(f"`{name}` must be a string, found `{value!r}`")
+        raise CodecError(f"`{name}` must be a string")
     return value
 
 
@@ -471,7 +469,7 @@ def str_field(doc: Mapping[str, Any], name: str) -> str:
     """``doc[name]``, which must be a string (else :class:`CodecError`)."""
     value = doc.get(name)
     if not isinstance(value, str):
-        raise CodecError(f"`{name}` must be a string, found `{value!r}`")
+        raise CodecError(f"`{name}` must be a string")
     return value
 
 

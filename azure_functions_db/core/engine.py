@@ -307,7 +307,7 @@ class Engine(PoisonRuns, HealthRuns):
                     fence=batch.fence,
                     rows=len(batch),
                     transient_failures=cp.transient_failures + 1,
-                    error=f"{type(exc).__name__}: {exc}",
+                    error=describe_error(exc),
                 )
                 raise
             self._log(

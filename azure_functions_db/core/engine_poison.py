@@ -125,9 +125,7 @@ class PoisonRuns:
                 note="stopped_by_the_operator;_not_counted_as_a_failed_attempt",
             )
             raise exc
-        failed = cp.failed(
-            fence=batch.fence, error=f"{type(exc).__name__}: {exc}", transient=transient
-        )
+        failed = cp.failed(fence=batch.fence, error=describe_error(exc), transient=transient)
         # Count the failed attempt on the checkpoint (best effort: the batch stays unacked).
         claim.try_write(failed)
         interrupted = isinstance(exc, SystemExit)

@@ -260,20 +260,14 @@ def backfill_statuses(
     definition: PollerDefinition, settings: Mapping[str, str]
 ) -> list[PollerStatus]:
     """The backfill runs of a poller found in its state store (any namespace but its own)."""
-    from azure_functions_db.spark.records import SEP, RunRecord
+    from azure_functions_db.spark.records import run_records
 
     store = definition.store(settings)
-    prefix = definition.name + SEP
     statuses: list[PollerStatus] = []
-    for key in store.list_keys():
-        rest = key.poller.removeprefix(prefix)
-        if key.namespace == definition.config.namespace or rest == key.poller or SEP in rest:
+    for cp, record in run_records(store, definition.name):
+        key = cp.key
+        if key.namespace == definition.config.namespace:
             continue
-        stored = store.read(key)
-        record = RunRecord.from_checkpoint(stored.checkpoint) if stored else None
-        if stored is None or record is None:
-            continue
-        cp = stored.checkpoint
         statuses.append(
             PollerStatus(
                 poller=key.poller,

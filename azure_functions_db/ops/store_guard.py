@@ -38,7 +38,8 @@ def check_default_stores(pollers: Sequence[Any], settings: Mapping[str, str]) ->
     from azure_functions_db.state.blob import BlobStateStore
     from azure_functions_db.state.local import LocalStateStore
 
-    if AppSettings.read(settings).state is not None:
+    app_settings = AppSettings.read(settings)
+    if app_settings.state is not None:
         return  # chosen on purpose
     defaults = [p for p in pollers if p.state is None]
     if not defaults:
@@ -47,7 +48,7 @@ def check_default_stores(pollers: Sequence[Any], settings: Mapping[str, str]) ->
     if not isinstance(chosen, BlobStateStore):
         return
     probe = _probe(settings)
-    local = LocalStateStore(AppSettings.read(settings).state_dir)
+    local = LocalStateStore(app_settings.state_dir)
     for definition in defaults:
         key: PollerKey = definition.config.key
         try:

@@ -126,8 +126,6 @@ class MysqlTrxHorizon:
         self.hold: HorizonHold | None = None
         self._proven: KeyValue | None = None  # the last bound a fresh reading gave
         self._stale_since: dt.datetime | None = None
-        #: Readings of innodb_trx taken by the last bound, and how many proved fresh (tests).
-        self.readings = 0
 
     def prepare(self, target: HorizonTarget) -> None:
         """Require MySQL/MariaDB, a time cursor and the ``PROCESS`` privilege."""
@@ -142,7 +140,7 @@ class MysqlTrxHorizon:
     def safe_bound(self, target: HorizonTarget) -> KeyValue | None:
         """The bound without ``lag``; raises :class:`HorizonUnavailable`."""
         try:
-            started, row = self._fresh_reading(target)
+            started, row, taken = self._fresh_reading(target)
         except sa.exc.DBAPIError as exc:
             message = str(exc.orig).lower()
             if "access denied" in message or "process privilege" in message:
@@ -154,7 +152,7 @@ class MysqlTrxHorizon:
                 ) from exc
             raise
         if row is None:
-            return self._held_stale(target, started)
+            return self._held_stale(target, started, taken)
         if self._stale_since is not None:
             logger.info(
                 "action=horizon_resumed table=%s reason=innodb_trx_refreshed stale_seconds=%.1f",
@@ -188,13 +186,12 @@ class MysqlTrxHorizon:
         self._proven = bound
         return bound
 
-    def _fresh_reading(self, target: HorizonTarget) -> tuple[dt.datetime, Any]:
-        """(T0, a reading of innodb_trx taken after T0) or (T0, ``None``) when none could be
-        proven fresh within ``proof_timeout``."""
+    def _fresh_reading(self, target: HorizonTarget) -> tuple[dt.datetime, Any, int]:
+        """(T0, a reading of innodb_trx taken after T0, how many were taken), the reading
+        ``None`` when none could be proven fresh within ``proof_timeout``."""
         nonce = uuid.uuid4().hex
         mariadb = bool(getattr(target.engine.dialect, "is_mariadb", False))
         reading = innodb_trx_sql(mariadb, nonce)
-        self.readings = 0
         with target.engine.connect() as conn:
             try:
                 started: dt.datetime = conn.execute(UTC_NOW_SQL).scalar_one()
@@ -202,13 +199,14 @@ class MysqlTrxHorizon:
                 locked = conn.exec_driver_sql(TAKE_LOCK.replace("{nonce}", nonce)).scalar()
                 try:
                     deadline = time.monotonic() + self.proof_timeout
+                    taken = 0
                     while True:
                         row = conn.execute(reading).one()
-                        self.readings += 1
+                        taken += 1
                         if row.fresh:
-                            return started, row
+                            return started, row, taken
                         if time.monotonic() + INNODB_TRX_CACHE_IDLE > deadline:
-                            return started, None
+                            return started, None, taken
                         time.sleep(INNODB_TRX_CACHE_IDLE)
                 finally:
                     conn.exec_driver_sql("ROLLBACK")  # ends the read-only transaction
@@ -221,7 +219,9 @@ class MysqlTrxHorizon:
                 conn.invalidate()
                 raise
 
-    def _held_stale(self, target: HorizonTarget, started: dt.datetime) -> KeyValue | None:
+    def _held_stale(
+        self, target: HorizonTarget, started: dt.datetime, taken: int
+    ) -> KeyValue | None:
         """No fresh reading: keep the last proven bound (a bound once safe stays safe) and say
         why, once per episode."""
         if self._stale_since is None:
@@ -231,7 +231,7 @@ class MysqlTrxHorizon:
                 "note=another_session_reads_information_schema.innodb_trx_less_than_0.1s_apart;"
                 "_no_new_rows_until_a_fresh_reading",
                 target.table,
-                self.readings,
+                taken,
             )
         self.hold = HorizonHold(
             since=self._stale_since,

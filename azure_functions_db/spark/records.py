@@ -217,16 +217,25 @@ def chunk_range(checkpoint: Checkpoint) -> ChunkRange | None:
     return ChunkRange(int(match["chunk"]), audit.from_position, audit.to_position)
 
 
-def unfinished_runs(store: StateStore, namespace: str, poller: str) -> list[RunRecord]:
-    """The runs of ``poller`` in ``namespace`` that never finished, oldest planned first."""
-    prefix = _name(poller) + SEP
-    runs = []
+def run_records(
+    store: StateStore, poller: str, namespace: str | None = None
+) -> list[tuple[Checkpoint, RunRecord]]:
+    """The backfill run records of ``poller`` in ``namespace`` (every namespace for ``None``):
+    each record's checkpoint and the run it describes."""
+    prefix = poller + SEP
+    found = []
     for key in store.list_keys(namespace):
         rest = key.poller.removeprefix(prefix)
         if rest == key.poller or SEP in rest:
             continue  # another poller's, or a chunk's record
         stored = store.read(key)
         record = RunRecord.from_checkpoint(stored.checkpoint) if stored is not None else None
-        if record is not None and record.phase != "finished":
-            runs.append(record)
+        if stored is not None and record is not None:
+            found.append((stored.checkpoint, record))
+    return found
+
+
+def unfinished_runs(store: StateStore, namespace: str, poller: str) -> list[RunRecord]:
+    """The runs of ``poller`` in ``namespace`` that never finished, oldest planned first."""
+    runs = [r for _, r in run_records(store, _name(poller), namespace) if r.phase != "finished"]
     return sorted(runs, key=lambda r: r.planned_at)
