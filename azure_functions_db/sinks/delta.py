@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from azure_functions_db.core.batch import Batch, Change
@@ -148,6 +150,7 @@ class DeltaSink:
         self._uri: str | None = None
         self._storage: dict[str, str] | None = None
         self._lock = threading.Lock()
+        self._state = _TableState()
 
     def __repr__(self) -> str:
         return f"DeltaSink(uri={self.options.uri!r}, key={self.options.key!r})"
@@ -203,22 +206,38 @@ class DeltaSink:
     def claim(self, key: PollerKey, fence: int) -> SinkMark | None:
         """Commit ``fence`` as the fence transaction's version; return the poller's mark."""
         for _ in range(COMMIT_ATTEMPTS):
-            table = self._table()
-            mark = _mark(table, key)
-            refuse_older_fence(key, fence, mark)
-            if mark is not None and mark.fence == fence:
-                return mark
-            if self._commit(table, key, fence, None, {"afdb.claim": str(fence)}):
-                return mark
+            with self._state.lock:
+                table = self._refreshed()
+                mark = self._known_mark(table, key)
+                refuse_older_fence(key, fence, mark)
+                if mark is not None and mark.fence == fence:
+                    return mark
+                version = table.version()
+                if self._commit(table, key, fence, None, {"afdb.claim": str(fence)}):
+                    claimed = (
+                        replace(mark, fence=fence)
+                        if mark is not None
+                        else SinkMark(fence=fence, sequence=0, before=None, after=None)
+                    )
+                    self._state.landed(version, table.version(), key, claimed)
+                    return mark
         raise self._busy(key)
 
     @contextmanager
     def transaction(
         self, key: PollerKey, batch: Batch, sequence: int
     ) -> Iterator[DeltaWriter | None]:
-        """Yields the writer (``None`` if the table holds this batch); commits on exit."""
-        table = self._table()
-        seen = _mark(table, key)
+        """Yields the writer (``None`` if the table holds this batch); commits on exit.
+
+        The table stays open between batches, and what it says of ``key`` is kept as of the
+        version this sink last read or committed: no log is read before the handler runs. The
+        commit is made on top of that version and fails if any other commit landed since (a
+        newer owner's claim among them); then the table is read again, the fence checked again
+        and the commit retried. Once a race was lost, each batch reads the log's new entries
+        right before it commits, until one finds none.
+        """
+        with self._state.lock:
+            seen = self._known_mark(self._loaded(), key)
         refuse_older_fence(key, batch.fence, seen)
         if seen is not None and seen.holds(batch, sequence):
             yield None
@@ -233,35 +252,82 @@ class DeltaSink:
             "afdb.after": _encode(batch.position_after),
             "afdb.rows": str(len(batch)),
         }
-        for _ in range(COMMIT_ATTEMPTS):
-            mark = _mark(table, key)
-            refuse_older_fence(key, batch.fence, mark)
-            if mark is not None and mark.holds(batch, sequence):
-                return  # an earlier attempt landed although it reported a failure
-            if mark != seen:
-                raise SinkError(
-                    f"The Delta table's record of {key} changed while the batch ran, under the "
-                    "same fence: two processes share one lease. Nothing was committed.",
-                    poller=key.poller,
-                    namespace=key.namespace,
-                )
-            if self._commit(table, key, batch.fence, (sequence, writer), metadata):
-                return
-            table = self._table()
+        committed = SinkMark(
+            fence=batch.fence,
+            sequence=sequence,
+            before=batch.position_before,
+            after=batch.position_after,
+            rows=len(batch),
+        )
+        state = self._state
+        for attempt in range(COMMIT_ATTEMPTS):
+            with state.lock:
+                table = self._loaded()
+                if attempt == 0 and state.contended:
+                    base = table.version()
+                    table = self._refreshed()
+                    state.contended = table.version() != base
+                mark = self._known_mark(table, key)
+                refuse_older_fence(key, batch.fence, mark)
+                if mark is not None and mark.holds(batch, sequence):
+                    return  # an earlier attempt landed although it reported a failure
+                if mark != seen:
+                    raise SinkError(
+                        f"The Delta table's record of {key} changed while the batch ran, under "
+                        "the same fence: two processes share one lease. Nothing was committed.",
+                        poller=key.poller,
+                        namespace=key.namespace,
+                    )
+                version = table.version()
+                if self._commit(table, key, batch.fence, (sequence, writer), metadata):
+                    state.landed(version, table.version(), key, committed)
+                    return
         raise self._busy(key)
 
     def mark(self, key: PollerKey) -> SinkMark | None:
-        return _mark(self._table(), key)
+        with self._state.lock:
+            return self._known_mark(self._refreshed(), key)
 
     # -- helpers -----------------------------------------------------------------------------
 
-    def _table(self) -> Any:
+    def _loaded(self) -> Any:
+        """The open table, as of the version last read or committed (opened at first use)."""
         import deltalake
 
         if self._uri is None:
             raise SinkError(f"{self!r} is not open: the engine opens it before the first run.")
-        with self._errors("read the table"):
-            return deltalake.DeltaTable(self._uri, storage_options=self._storage or None)
+        state = self._state
+        if state.table is None or state.pid != os.getpid():
+            with self._errors("read the table"):
+                table = deltalake.DeltaTable(self._uri, storage_options=self._storage or None)
+            state.opened(table)
+        return state.table
+
+    def _refreshed(self) -> Any:
+        """The open table moved to the newest version: the log's new entries read (one
+        listing of the log, and the commits after the version held)."""
+        fresh = self._state.table is None or self._state.pid != os.getpid()
+        table = self._loaded()
+        if not fresh:
+            try:
+                with self._errors("read the table"):
+                    table.update_incremental()
+            except SinkError:
+                self._state.forget()
+                raise
+        return table
+
+    def _known_mark(self, table: Any, key: PollerKey) -> SinkMark | None:
+        """``key``'s mark at ``table``'s version: kept from the last read or commit of this
+        sink when no other commit landed since, else read from the table (and kept)."""
+        state = self._state
+        if state.version != table.version():
+            state.known.clear()
+            state.version = table.version()
+        if key not in state.known:
+            with self._errors("read the table"):
+                state.known[key] = _mark(table, key)
+        return state.known[key]
 
     def _commit(
         self,
@@ -271,7 +337,8 @@ class DeltaSink:
         batch: tuple[int, DeltaWriter] | None,
         metadata: dict[str, str],
     ) -> bool:
-        """One commit on top of ``table``'s version; ``False`` if another commit came first."""
+        """One commit on top of ``table``'s version; ``False`` if another commit came first
+        (then ``table`` has been moved to the newest version)."""
         import deltalake
         from deltalake.exceptions import CommitFailedError
 
@@ -299,11 +366,15 @@ class DeltaSink:
                     table.create_write_transaction(
                         [], mode="append", schema=table.schema(), commit_properties=props
                     )
+                    table.update_incremental()  # a commit without data leaves it where it was
         except SinkError as exc:
             if not isinstance(exc.__cause__, CommitFailedError):
+                self._state.forget()  # what the open table holds after this is not known
                 raise
-            if self._table().version() == version:
+            if self._refreshed().version() == version:
+                self._state.forget()
                 raise  # nobody else committed: a real failure, not a lost race
+            self._state.contended = True
             time.sleep(0.01)
             return False
         return True
@@ -331,21 +402,26 @@ class DeltaSink:
     def _arrow(
         self, table: Any, rows: Sequence[Mapping[str, Any]], extra: str | None = None
     ) -> Any:
+        """The rows as one Arrow table of the table's columns that any row names (a row
+        without one of them holds null there); a column the table does not have is refused."""
         import pyarrow as pa
 
         schema = _arrow_schema(table)
-        names = set(schema.names)
+        present: set[str] = set()
+        named = present.update
         for row in rows:
-            unknown = sorted(set(row) - names - {extra})
-            if unknown:
-                raise ConfigurationError(
-                    f"The Delta table at `{self.options.uri}` has no column `{unknown[0]}`: "
-                    "write only its columns (select them from each change's data)."
-                )
-        fields = [f for f in schema if any(f.name in row for row in rows)] or list(schema)
+            named(row)  # the keys of every row, at C speed for dicts
+        unknown = sorted(present - set(schema.names) - {extra})
+        if unknown:
+            raise ConfigurationError(
+                f"The Delta table at `{self.options.uri}` has no column `{unknown[0]}`: "
+                "write only its columns (select them from each change's data)."
+            )
+        fields = [f for f in schema if f.name in present] or list(schema)
         if extra is not None:
             fields.append(pa.field(extra, pa.string()))
-        return pa.Table.from_pylist([dict(r) for r in rows], schema=pa.schema(fields))
+        # Column-wise from the mappings themselves (a read-only view works as a dict does).
+        return pa.Table.from_pylist(rows, schema=pa.schema(fields))
 
     def _busy(self, key: PollerKey) -> TransientSinkError:
         return TransientSinkError(
@@ -371,6 +447,43 @@ class DeltaSink:
                 f"DeltaSink could not {action} at `{self.options.uri}` "
                 f"({type(exc).__name__}): {detail[:500]}"
             ) from exc
+
+
+class _TableState:
+    """The sink's open table and what it knows of the pollers' marks at one version of it.
+
+    ``known`` holds marks as of ``version``: each read from the table, or committed by this sink
+    on top of that version (a successful commit of ``max_commit_retries=0`` lands exactly one
+    version later, so nothing else came in between). Another writer's commit moves the table
+    past ``version`` when it is read, and every mark is read again.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.table: Any = None
+        self.pid = 0
+        self.version = -1
+        self.known: dict[PollerKey, SinkMark | None] = {}
+        #: A commit lost a race: read the log's new entries before each batch's commit, until
+        #: such a reading finds none.
+        self.contended = False
+
+    def opened(self, table: Any) -> None:
+        self.table, self.pid = table, os.getpid()
+        self.version, self.known = -1, {}
+
+    def forget(self) -> None:
+        """After an error whose effect on the open table is not known: open it again."""
+        self.table, self.version, self.known = None, -1, {}
+
+    def landed(self, base: int, now: int, key: PollerKey, mark: SinkMark) -> None:
+        """This sink's commit of ``mark`` on top of version ``base`` landed; the table is at
+        ``now``."""
+        if self.version == base and now == base + 1:
+            self.version = now
+            self.known[key] = mark
+        else:
+            self.known.clear()
 
 
 def _arrow_schema(table: Any) -> Any:

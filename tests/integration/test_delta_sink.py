@@ -14,7 +14,8 @@ from deltalake import DeltaTable
 from azure_functions_db.core.batch import Batch
 from azure_functions_db.core.checkpoint import PollerKey
 from azure_functions_db.core.engine import Engine, PollerConfig
-from azure_functions_db.errors import ConfigurationError
+from azure_functions_db.core.ports import SinkMark
+from azure_functions_db.errors import ConfigurationError, SinkFencedError
 from azure_functions_db.sinks.delta import DeltaSink, DeltaWriter, batch_app
 from azure_functions_db.sources.memory import MemorySource
 from azure_functions_db.state.memory import MemoryStateStore
@@ -149,9 +150,74 @@ def test_a_log_cleaned_up_past_the_last_batch_keeps_sequence_and_fence(
     for entry in (tmp_path / "t" / "_delta_log").glob("*.json"):
         if int(entry.stem) < table.version():  # what log cleanup removes: before the checkpoint
             entry.unlink()
+    assert sink.mark(key) == SinkMark(1, 2, batch.position_before, before, 2)  # kept in memory
+    later = opened(tmp_path / "t")  # the poller's next process: it reads the table
     with caplog.at_level(logging.WARNING):
-        mark = sink.mark(key)
+        mark = later.mark(key)
     assert mark is not None
     assert (mark.fence, mark.sequence, mark.after) == (1, 2, None)
     assert "action=sink_history_missing" in caplog.text
-    assert sink.claim(key, 2) is not None  # the poller goes on
+    assert later.claim(key, 2) is not None  # the poller goes on
+
+
+@pytest.mark.parametrize("merge", [False, True], ids=["append", "merge"])
+def test_a_stale_owner_whose_open_table_missed_the_new_claim_commits_nothing(
+    tmp_path: Path, merge: bool
+) -> None:
+    """Two processes: the old owner keeps its table open (as of its own last commit) and does
+    not read the log before its handler; the newer owner's claim landed meanwhile. The old
+    owner's commit fails on top of the claim, and it is refused: nothing of it is in the
+    table, and the table's record is the new owner's."""
+    options: dict[str, Any] = {"key": ["id"]} if merge else {}
+    old, new = opened(tmp_path / "t", **options), opened(tmp_path / "t", **options)
+    key = PollerKey("live", "orders")
+    old.claim(key, 1)
+    first = contract_batch(1, [1, 2])
+    with old.transaction(key, first, 1) as w:
+        assert w is not None
+        (w.upsert if merge else w.insert)(first)
+    assert new.claim(key, 2) == SinkMark(1, 1, None, first.position_after, 2)
+    stale = contract_batch(1, [3, 4], before=first.position_after)
+
+    def stale_batch() -> None:
+        with old.transaction(key, stale, 2) as w:
+            assert w is not None  # the old owner's open table has not seen the claim yet
+            (w.upsert if merge else w.insert)(stale)
+
+    with pytest.raises(SinkFencedError):
+        stale_batch()
+    table = DeltaTable(str(tmp_path / "t"))
+    assert sorted(r["id"] for r in table.to_pyarrow_table().to_pylist()) == [1, 2]
+    assert old.mark(key) == new.mark(key) == SinkMark(2, 1, None, first.position_after, 2)
+
+
+def test_another_writers_commits_between_batches_are_read_before_the_next_commit(
+    tmp_path: Path,
+) -> None:
+    """A poller and another writer (a backfill chunk) take turns: each of the poller's commits
+    lands on top of the other's after one lost race at most, and the marks stay each one's."""
+    poller, chunk = opened(tmp_path / "t"), opened(tmp_path / "t")
+    mine, theirs = PollerKey("live", "orders"), PollerKey("backfill", "orders~run~0")
+    poller.claim(mine, 1)
+    chunk.claim(theirs, 1)
+    before: dict[PollerKey, Any] = {mine: None, theirs: None}
+    for b in range(4):
+        for sink, key, base in ((poller, mine, 0), (chunk, theirs, 100)):
+            batch = contract_batch(1, [base + b], before=before[key])
+            with sink.transaction(key, batch, b + 1) as w:
+                assert w is not None
+                w.insert(batch)
+            before[key] = batch.position_after
+    table = DeltaTable(str(tmp_path / "t"))
+    assert sorted(r["id"] for r in table.to_pyarrow_table().to_pylist()) == [
+        0,
+        1,
+        2,
+        3,
+        *range(100, 104),
+    ]
+    for key in (mine, theirs):
+        mark = poller.mark(key)
+        assert mark == chunk.mark(key)
+        assert mark is not None
+        assert (mark.sequence, mark.after) == (4, before[key])
