@@ -2,9 +2,16 @@
 while the previous batch's compare-and-set commit is in flight.
 
 At most one commit is outstanding and commits land strictly in order (each is written over the
-etag the previous one returned). With coalescing (``checkpoint_every``) several batches share
-one commit: their record is held back until enough rows or seconds went by, and written at the
-latest before anything else happens to the checkpoint (see :meth:`CommitPipe.settle`).
+etag the previous one returned). Batches handed over while a commit is in flight do not wait for
+it one at a time: they are grouped, and go together with the next commit once it landed (group
+commit, the default), as long as the rows not yet acknowledged stay within the duplicate window
+(:data:`GROUP_BATCHES` batches, or the rows of the last :data:`GROUP_SECONDS`, whichever is
+more); beyond it the run waits for the commit in flight. A fast store gets one commit per batch,
+a slow one fewer, larger commits, and the drain does not slow down to the store's pace. With
+explicit coalescing (``checkpoint_every``/``checkpoint_seconds``) several batches share one
+commit even when nothing is in flight: their record is held back until enough rows or seconds
+went by. Either way a record held back is written at the latest before anything else happens to
+the checkpoint (see :meth:`CommitPipe.settle`).
 
 Nothing about a batch is reported, acknowledged to the source or counted until its commit
 returned: :meth:`CommitPipe.settle` waits for it on the run's own
@@ -29,6 +36,14 @@ from azure_functions_db.errors import (
     TransientStoreError,
 )
 
+#: Group commit's duplicate window: batches handed over while a commit is in flight wait for the
+#: next commit (instead of each waiting for the one before) while the rows not yet acknowledged,
+#: in flight and waiting, are at most this many batches' worth...
+GROUP_BATCHES = 10
+#: ... or while the oldest of them was handed over less than this many seconds ago (the rows of
+#: one second of work), whichever allows more.
+GROUP_SECONDS = 1.0
+
 #: Logs one structured event: ``log(level, action, **fields)``.
 LogEvent = Callable[..., None]
 #: Reports a batch once its commit landed: ``done(landed)``, ``landed`` the ``monotonic()`` time
@@ -43,6 +58,7 @@ class _Pending:
     done: Landed
     future: Future[float] | None  # the write, returning when it landed; None: held back
     rows: int = 0  # rows the commit acknowledges (0: the batch's)
+    since: float = 0.0  # when the first batch it acknowledges was handed over (monotonic)
 
 
 class CommitPipe:
@@ -61,6 +77,11 @@ class CommitPipe:
             run never stalls on a round trip), at most this long (``lease_duration / 2``).
         monotonic: The engine clock's ``monotonic``: when batches were held back, when a
             commit landed.
+        group_rows: Group commit (without explicit coalescing): batches handed over while a
+            commit is in flight go with the next commit while the rows not yet acknowledged are
+            at most this many, or the oldest of them came less than ``group_seconds`` ago;
+            ``None``: each batch's commit waits for the one before.
+        group_seconds: See ``group_rows``.
     """
 
     def __init__(
@@ -74,6 +95,8 @@ class CommitPipe:
         every_seconds: float | None = None,
         latest_seconds: float | None = None,
         monotonic: Callable[[], float],
+        group_rows: int | None = None,
+        group_seconds: float = GROUP_SECONDS,
     ) -> None:
         self._claim = claim
         self._pipelined = pipelined
@@ -88,6 +111,8 @@ class CommitPipe:
         self._held: list[_Pending] = []  # coalesced batches, not yet submitted
         self._held_rows = 0
         self._held_since = 0.0
+        self._group_rows = group_rows
+        self._group_seconds = group_seconds
 
     @property
     def checkpoint(self) -> Checkpoint:
@@ -108,7 +133,7 @@ class CommitPipe:
         first batch held back (or they did, but the commit before is still in flight and
         ``latest_seconds`` did not go by)."""
         if self._every_rows is None and self._every_seconds is None:
-            self.submit(batch, new, done)
+            self._group(batch, new, done)
             return
         now = self._monotonic()
         if not self._held:
@@ -125,6 +150,29 @@ class CommitPipe:
             return  # due, but the commit before is on its way: these go with a later one
         self._flush()
 
+    def _group(self, batch: Batch, new: Checkpoint, done: Landed) -> None:
+        """Group commit: with no commit in flight, commit ``batch`` (and any batches waiting)
+        now; while one is in flight, let ``batch`` wait for the next commit, unless that would
+        take the rows not yet acknowledged past the duplicate window (then wait for the commit
+        in flight, and commit everything waiting)."""
+        now = self._monotonic()
+        pending, limit = self._pending, self._group_rows
+        in_flight = pending is not None and pending.future is not None and not pending.future.done()
+        if in_flight and limit is not None:
+            assert pending is not None
+            unacknowledged = (pending.rows or len(pending.batch)) + self._held_rows + len(batch)
+            # The commit in flight acknowledges the oldest batch not acknowledged yet.
+            if unacknowledged <= limit or now - pending.since < self._group_seconds:
+                self._held.append(_Pending(batch, new, done, None, since=now))
+                self._held_rows += len(batch)
+                return
+        if not self._held:
+            self.submit(batch, new, done, since=now)
+            return
+        self._held.append(_Pending(batch, new, done, None, since=now))
+        self._held_rows += len(batch)
+        self._flush()
+
     def _flush(self) -> None:
         """Submit the batches held back as one commit (their last record)."""
         if not self._held:
@@ -137,9 +185,11 @@ class CommitPipe:
             for each in held:
                 each.done(landed)
 
-        self.submit(last.batch, last.new, done, rows=rows)
+        self.submit(last.batch, last.new, done, rows=rows, since=held[0].since)
 
-    def submit(self, batch: Batch, new: Checkpoint, done: Landed, *, rows: int = 0) -> None:
+    def submit(
+        self, batch: Batch, new: Checkpoint, done: Landed, *, rows: int = 0, since: float = 0.0
+    ) -> None:
         """Commit ``new`` (the record after ``batch``), after the commit before it landed;
         ``done(landed)`` runs on this thread once it did (report, acknowledge, count)."""
         self._wait()
@@ -153,13 +203,13 @@ class CommitPipe:
                 written.set_exception(exc)
             else:
                 written.set_result(landed)
-            self._pending = _Pending(batch, new, done, written, rows)
+            self._pending = _Pending(batch, new, done, written, rows, since)
             self._wait()
             return
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="afdb-commit")
         future = self._executor.submit(self._write, new)
-        self._pending = _Pending(batch, new, done, future, rows)
+        self._pending = _Pending(batch, new, done, future, rows, since)
 
     def _write(self, new: Checkpoint) -> float:
         self._claim.write(new)
@@ -168,10 +218,17 @@ class CommitPipe:
     def ensure_held(self) -> None:
         """Raise if the lease is lost. When it was lost while a commit was in flight (the commit
         thread found the record changed by another writer), that commit's own error is the
-        cause and is raised (``CheckpointConflictError``), as without the pipe."""
+        cause and is raised (``CheckpointConflictError``), as without the pipe. With group
+        commit, batches waiting for a commit that has landed are committed now."""
         if self._claim.keeper.lost_reason() is not None and self._pending is not None:
             self._wait()
         self._claim.keeper.ensure_held()
+        if self._held and self._every_rows is None and self._every_seconds is None:
+            # Group commit: batches waiting for a commit that landed meanwhile go now, not
+            # after the next handler call.
+            pending = self._pending
+            if pending is None or pending.future is None or pending.future.done():
+                self._flush()
 
     def settle(self) -> None:
         """Commit the batches held back, wait for the commit in flight; report them, or raise

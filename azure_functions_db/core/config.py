@@ -43,7 +43,11 @@ class PollerConfig:
             ``falling_behind``.
         pipeline: Fetch and handle the next batch while the previous batch's checkpoint commit
             is in flight (at most one, in order; see :mod:`azure_functions_db.core.commits`).
-            The default; ``False`` commits each batch before reading the next.
+            The default. Batches handled while a commit is in flight go together with the next
+            commit (group commit), within the duplicate window of
+            :mod:`azure_functions_db.core.commits`: a crash delivers again at most ten batches,
+            or the rows of the last second plus one batch. ``False`` commits each batch before
+            reading the next.
         checkpoint_every: Coalesce commits: one checkpoint write per this many rows (several
             batches), instead of one per batch; ``None``: every batch. A crash then delivers up
             to this many rows again, plus those read while the commit before was in flight
