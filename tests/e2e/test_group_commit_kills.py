@@ -12,6 +12,7 @@ row it is given, fsynced, so the test sees exactly what each process was handed.
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import signal
@@ -133,7 +134,7 @@ def test_a_process_killed_with_batches_grouped_behind_a_slow_commit_loses_nothin
     # Each process after a kill delivers again what its victim was handed and did not get
     # acknowledged: at most the window.
     again = []
-    for earlier, later in zip(pids, pids[1:], strict=False):
+    for earlier, later in itertools.pairwise(pids):
         before = {i for pid, ids in log if pid == earlier for i in ids}
         after = {i for pid, ids in log if pid == later for i in ids}
         again.append(len(before & after))
