@@ -1,9 +1,10 @@
-"""Spark: the backfill of a 1M-row PostgreSQL table against ``spark.read.jdbc``, same session.
+"""Spark: the backfill of a 1M-row PostgreSQL table against the database's own limit (raw
+keyset scans in parallel processes) and ``spark.read.jdbc``, same session.
 
 One ``local[2]`` Spark session (one JVM) with Debian's PostgreSQL JDBC jar, one ``orders`` table
 (``benchmarks/pg_fixture.py``: N = 1,000,000 rows, 100,000 with ``--quick``) and the same number
-of partitions P for every scan (4: the backfill's default on ``local[2]``). Per repetition,
-interleaved, in this order:
+of partitions P for every scan (2: one per task slot, SPEC §9's "N partitions on ``local[N]``").
+Per repetition, interleaved, in this order:
 
 - ``count``: ``spark.read.jdbc(..., column="id", lowerBound=1, upperBound=N + 1,
   numPartitions=P).count()``. Spark prunes every column (``SELECT 1 FROM ...``): a lower bound
@@ -17,7 +18,13 @@ interleaved, in this order:
 - ``backfill``: ``azure_functions_db.spark.backfill()`` of a ``function_app.py`` whose poller
   reads the table with a no-op handler, ``partitions=P``, a fresh run id every time, the local
   state store in a temporary directory. Its planning on the driver (``prepare_run``: H0, the row
-  count, the key-quantile walk, the chunk records) and the Spark job are timed separately.
+  count, the key-quantile walk, the chunk records) and the Spark job are timed separately;
+- ``raw_parallel``: **the database's limit** (SPEC §9, issue 31): P raw psycopg keyset scans
+  over the backfill's own P chunk ranges, one per process, all at once
+  (``benchmarks/raw_parallel.py``; the processes are started and warmed beforehand);
+- ``command``: the whole ``afdb backfill APP --poller orders --partitions P --master local[2]
+  --json`` command in a new process (Python's start-up, the app's import, a new Spark session
+  and its JVM, planning, the job, stopping Spark), a fresh run id every time.
 
 The JDBC reads use ``fetchsize`` = the batch size (1,000): without it the PostgreSQL driver reads
 a whole partition into memory, which the backfill's batches never do. One untimed ``noop`` scan
@@ -53,15 +60,18 @@ from benchmarks.harness import (
     best_of,
     timed,
 )
+from benchmarks.raw_parallel import RawParallel
 
 #: Task slots (cores) of the local master.
 SLOTS = 2
 MASTER = f"local[{SLOTS}]"
-#: The backfill's default on ``local[2]`` (twice the default parallelism), for every scan.
-PARTITIONS = 2 * SLOTS
+#: One partition per task slot, for every scan (SPEC §9: N partitions on ``local[N]``).
+PARTITIONS = SLOTS
 JAR_ENV = "AFDB_BENCH_PG_JDBC_JAR"
 DEFAULT_JAR = "/usr/share/java/postgresql.jar"
 SPEC_TARGET = "SPEC §9: >= 0.80"
+RAW_TARGET = "SPEC §9, issue 31: >= 0.7"
+COMMAND_TARGET = "issue 31: >= 0.5 on 1M rows"
 URL_SETTING = "AFDB_BENCH_SPARK_PG"
 
 _APP = '''
@@ -332,6 +342,8 @@ class Backfills:
     chunks: int = 0
     batches: int = 0
     runs: int = 0
+    #: The chunk ranges of the last run (from its chunk records).
+    ranges: list[Any] = field(default_factory=list)
 
     def __call__(self) -> int:
         from azure_functions_db.spark import backfill
@@ -359,7 +371,65 @@ class Backfills:
                 f"({report.chunks_run} chunks run, {report.chunks_skipped} skipped)"
             )
         self.chunks, self.batches = report.chunks, report.batches
+        self.ranges = chunk_ranges(self.app, self.settings, report.run_id, report.chunks)
         return report.rows
+
+
+def chunk_ranges(app: Path, settings: dict[str, str], run_id: str, chunks: int) -> list[Any]:
+    """The key ranges of a planned run's chunks, as its chunk records hold them."""
+    from azure_functions_db.runtime.loader import load_pollers
+    from azure_functions_db.spark.records import chunk_key, chunk_range
+
+    store = load_pollers(str(app))["orders"].store(settings)
+    ranges = []
+    for index in range(chunks):
+        stored = store.read(chunk_key("backfill", "orders", run_id, index))
+        found = chunk_range(stored.checkpoint) if stored is not None else None
+        if found is None:
+            raise RuntimeError(f"chunk {index} of run `{run_id}` has no planned range")
+        ranges.append(found)
+    return ranges
+
+
+@dataclass
+class Command:
+    """The whole ``afdb backfill`` command in a new process (a callable: the rows it delivered)."""
+
+    app: Path
+    settings: dict[str, str]
+    partitions: int
+    rows: int
+    runs: int = 0
+
+    def __call__(self) -> int:
+        import json
+        import subprocess
+
+        self.runs += 1
+        argv = [
+            sys.executable,
+            "-m",
+            "azure_functions_db",
+            "backfill",
+            str(self.app),
+            "--poller",
+            "orders",
+            "--partitions",
+            str(self.partitions),
+            "--master",
+            MASTER,
+            "--run-id",
+            f"command{self.runs}",
+            "--json",
+        ]
+        env = {**os.environ, **self.settings}
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"`afdb backfill` exited {done.returncode}: {done.stderr[-2000:]}")
+        report = json.loads(done.stdout)
+        if report["rows"] != self.rows:
+            raise RuntimeError(f"`afdb backfill` delivered {report['rows']} of {self.rows} rows")
+        return int(report["rows"])
 
 
 def write_app(directory: Path, db: pg.OrdersTable, batch_size: int) -> Path:
@@ -382,6 +452,33 @@ class InProcess:
     seconds: float
     cpu_seconds: float
     planning_seconds: float
+
+
+def plan_ranges(app: Path, settings: dict[str, str], partitions: int) -> list[Any]:
+    """Plan a run here (as the backfill's driver does) and return its chunk ranges."""
+    import datetime as dt
+
+    from azure_functions_db.runtime.loader import load_pollers
+    from azure_functions_db.spark.plan import prepare_run
+
+    definition = load_pollers(str(app))["orders"]
+    store = definition.store(settings)
+    definition.source.open(settings)
+    try:
+        _, chunks = prepare_run(
+            definition,
+            store,
+            namespace="backfill",
+            run_id="ranges",
+            start=None,
+            end=None,
+            partitions=partitions,
+            by="bench",
+            now=dt.datetime.now(dt.UTC),
+        )
+    finally:
+        definition.source.close()
+    return list(chunks)
 
 
 def chunk_in_process(app: Path, settings: dict[str, str], partitions: int) -> InProcess:
@@ -455,22 +552,46 @@ def run(ctx: Context) -> BenchmarkResult:  # noqa: PLR0915 - one linear report
             )
             ctx.progress("warming up: one untimed spark.read.jdbc noop scan")
             scans.noop()
+            raw = RawParallel(
+                conninfo=server.conninfo,
+                table=db.qualified,
+                ranges=plan_ranges(app, settings, PARTITIONS),
+                batch_size=batch,
+            )
+            ctx.progress(f"starting {len(raw.ranges)} raw scan processes (one untimed scan)")
+            raw.start()
+            command = Command(app=app, settings=settings, partitions=PARTITIONS, rows=rows)
             work: dict[str, Callable[[], int]] = {
                 "count": scans.count,
                 "noop": scans.noop,
                 "python": scans.python,
                 "backfill": backfills,
+                "raw_parallel": raw,
+                "command": command,
             }
             samples: dict[str, list[tuple[int, float]]] = {name: [] for name in work}
             cpu: dict[str, list[dict[str, float]]] = {name: [] for name in work}
-            for i in range(ctx.repeats):
-                ctx.progress(f"jdbc count, noop, python and the backfill ({i + 1}/{ctx.repeats})")
-                for name, scan in work.items():
-                    before = cpu_by_role(local)
-                    samples[name].append(timed(scan))
-                    after = cpu_by_role(local)
-                    if before is not None and after is not None:
-                        cpu[name].append({r: after[r] - before[r] for r in ROLES})
+            loads: list[float] = []
+            try:
+                for i in range(ctx.repeats):
+                    ctx.progress(
+                        "jdbc count, noop, python, the backfill, raw scans in parallel and the "
+                        f"whole command ({i + 1}/{ctx.repeats})"
+                    )
+                    for name, scan in work.items():
+                        loads.append(os.getloadavg()[0])
+                        before = cpu_by_role(local)
+                        samples[name].append(timed(scan))
+                        after = cpu_by_role(local)
+                        if before is not None and after is not None:
+                            cpu[name].append({r: after[r] - before[r] for r in ROLES})
+                    if backfills.ranges != list(raw.ranges):
+                        raise RuntimeError(
+                            "the raw scans' key ranges are not the backfill's chunks: "
+                            f"{raw.ranges} vs {backfills.ranges}"
+                        )
+            finally:
+                raw.close()
             ctx.progress("planning a run and draining one chunk in this process (no Spark)")
             alone = chunk_in_process(app, settings, PARTITIONS)
 
@@ -494,6 +615,8 @@ def run(ctx: Context) -> BenchmarkResult:  # noqa: PLR0915 - one linear report
         "noop": "spark.read.jdbc, noop write (every column, JVM only)",
         "python": "spark.read.jdbc, rows consumed in Python workers (SPEC baseline)",
         "backfill": "backfill, no-op handler, local state",
+        "raw_parallel": f"raw psycopg keyset scans of the {PARTITIONS} chunk ranges, in parallel",
+        "command": "whole `afdb backfill` command (new process, new Spark session)",
     }
     for name, label in labels.items():
         result.metric(
@@ -567,6 +690,8 @@ def run(ctx: Context) -> BenchmarkResult:  # noqa: PLR0915 - one linear report
         grid_rows: list[tuple[str, tuple[Scalar, ...]]] = []
         cpus = os.cpu_count() or 1
         for name in work:
+            if name == "command":  # its processes are not this one's children when measured
+                continue
             # The CPU of the repetition with the best wall time.
             times = [t for _, t in samples[name]]
             used = cpu[name][times.index(min(times))]
@@ -591,6 +716,20 @@ def run(ctx: Context) -> BenchmarkResult:  # noqa: PLR0915 - one linear report
         )
         if not local:
             result.note("The database server is not on this machine: its CPU time is not seen.")
+    result.ratio(
+        "backfill_vs_raw_parallel",
+        "backfill warm / raw keyset scans of its chunk ranges in parallel processes",
+        "backfill_rps",
+        "raw_parallel_rps",
+        RAW_TARGET,
+    )
+    result.ratio(
+        "command_vs_raw_parallel",
+        "whole `afdb backfill` command / raw keyset scans in parallel processes",
+        "command_rps",
+        "raw_parallel_rps",
+        COMMAND_TARGET,
+    )
     result.ratio(
         "backfill_vs_python",
         "backfill / spark.read.jdbc into Python",
@@ -619,6 +758,13 @@ def run(ctx: Context) -> BenchmarkResult:  # noqa: PLR0915 - one linear report
         "backfill_rps",
         "chunk_inproc_rps",
         f"up to ~2 with {MASTER} if the two cores were free",
+    )
+    windows = ", ".join(f"{w:.3f}" for w in raw.windows)
+    result.note(
+        f"raw_parallel: {len(raw.ranges)} processes (spawned and warmed beforehand), one "
+        f"autocommit psycopg connection each; first scan start to last scan end, as the "
+        f"processes measured it: {windows} s. 1-minute load average before each timed piece: "
+        f"{min(loads):.2f}-{max(loads):.2f}."
     )
     result.note(
         f"pyspark {spark_version}, PostgreSQL JDBC {jar_version(jar)} ({jar}); one Spark "

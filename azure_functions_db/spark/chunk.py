@@ -12,17 +12,31 @@ namespace of the checkpoint. This module imports no pyspark: it is what a Spark 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
+import functools
 import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
+from azure_functions_db.core.batch import Change
 from azure_functions_db.core.checkpoint import PollerKey, SourceDescription
 from azure_functions_db.core.claim import Claimer
 from azure_functions_db.core.engine import Engine
 from azure_functions_db.core.logs import log_event
-from azure_functions_db.core.ports import Horizon, Source, SourceHealth, SourceRow, StateStore
+from azure_functions_db.core.ports import (
+    BacklogSource,
+    ChangeSource,
+    Horizon,
+    Source,
+    SourceHealth,
+    SourceRow,
+    StateStore,
+    ZonedSource,
+)
 from azure_functions_db.core.position import KeyValue, Position
+from azure_functions_db.core.reader import ReadAheadSource, SelectedRows
 from azure_functions_db.errors import SourceError
 from azure_functions_db.runtime.poller import PollerDefinition, default_owner
 from azure_functions_db.spark.records import ChunkRange, chunk_key, chunk_range
@@ -42,11 +56,36 @@ class BoundedSource:
     UUID type orders differently from Python). The batch that reaches ``end`` is short, which
     ends the engine's run as caught up. ``check`` is done once by the backfill driver, not per
     chunk.
+
+    A chunk reads exactly as a live poller of ``inner`` does: ``BoundedSource(inner, end)`` is
+    an instance of a subclass that also implements each optional read port ``inner`` implements
+    (:class:`~ports.ChangeSource`, :class:`~azure_functions_db.core.reader.ReadAheadSource`,
+    :class:`~ports.BacklogSource`, :class:`~ports.ZonedSource`) and no other, so ``isinstance``
+    tells the engine the truth, and every read it forwards carries the chunk's end. It is never
+    an :class:`~ports.AcknowledgingSource`: a backfill delivers history again and leaves the
+    rows where they are (an outbox's rows are the live poller's to delete).
     """
+
+    inner: Source
+    end: Position
+
+    def __new__(cls, inner: Source, end: Position) -> BoundedSource:
+        # A runtime-checkable Protocol is decided by the attributes an object has: the view's
+        # class is the one with exactly the ports `inner` has (made once per combination).
+        ports = tuple(port for port in _FORWARDED if isinstance(inner, port))
+        view = _view_class(ports) if cls is BoundedSource else cls
+        return super().__new__(view)
 
     def __init__(self, inner: Source, end: Position) -> None:
         self.inner = inner
         self.end = end
+
+    def bounded(self, horizon: Horizon) -> Horizon:
+        """``horizon`` with the chunk's end as its ``until`` (the engine's own horizon, which
+        :meth:`horizon` made, is passed through as it is)."""
+        return (
+            horizon if horizon.until is self.end else dataclasses.replace(horizon, until=self.end)
+        )
 
     @property
     def description(self) -> SourceDescription:
@@ -59,10 +98,10 @@ class BoundedSource:
         return dataclasses.replace(BACKFILL_HORIZON, until=self.end)
 
     def fetch(self, after: Position | None, limit: int, horizon: Horizon) -> Sequence[SourceRow]:
-        return self.inner.fetch(after, limit, dataclasses.replace(horizon, until=self.end))
+        return self.inner.fetch(after, limit, self.bounded(horizon))
 
     def latest(self, horizon: Horizon) -> Position | None:
-        return self.inner.latest(dataclasses.replace(horizon, until=self.end))
+        return self.inner.latest(self.bounded(horizon))
 
     def parse_cursor(self, text: str) -> tuple[KeyValue, ...]:
         return self.inner.parse_cursor(text)
@@ -72,6 +111,68 @@ class BoundedSource:
 
     def close(self) -> None:
         self.inner.close()
+
+    def __repr__(self) -> str:
+        return f"BoundedSource({self.inner!r}, end={self.end})"
+
+
+class _Changes(BoundedSource):
+    """The chunk's view of a :class:`~ports.ChangeSource`."""
+
+    def fetch_changes(
+        self, after: Position | None, limit: int, horizon: Horizon, poller: str
+    ) -> Sequence[Change]:
+        inner = cast(ChangeSource, self.inner)
+        return inner.fetch_changes(after, limit, self.bounded(horizon), poller)
+
+
+class _ReadAhead(BoundedSource):
+    """The chunk's view of a :class:`~azure_functions_db.core.reader.ReadAheadSource`."""
+
+    @property
+    def reads_from_any_thread(self) -> bool:
+        return cast(ReadAheadSource, self.inner).reads_from_any_thread
+
+    def select(self, after: Position | None, limit: int, horizon: Horizon) -> SelectedRows:
+        return cast(ReadAheadSource, self.inner).select(after, limit, self.bounded(horizon))
+
+    def changes_of(self, selected: SelectedRows, poller: str) -> Sequence[Change]:
+        return cast(ReadAheadSource, self.inner).changes_of(selected, poller)
+
+
+class _Backlog(BoundedSource):
+    """The chunk's view of a :class:`~ports.BacklogSource`."""
+
+    def rows_after(self, after: Position | None, horizon: Horizon, cap: int) -> int:
+        return cast(BacklogSource, self.inner).rows_after(after, self.bounded(horizon), cap)
+
+
+class _Zoned(BoundedSource):
+    """The chunk's view of a :class:`~ports.ZonedSource`."""
+
+    @property
+    def cursor_timezone(self) -> dt.tzinfo:
+        return cast(ZonedSource, self.inner).cursor_timezone
+
+
+#: The optional read ports a chunk's view forwards, each with the view class that adds it.
+_PORTS: dict[type, type[BoundedSource]] = {
+    ChangeSource: _Changes,
+    ReadAheadSource: _ReadAhead,
+    BacklogSource: _Backlog,
+    ZonedSource: _Zoned,
+}
+_FORWARDED = tuple(_PORTS)
+
+
+@functools.cache
+def _view_class(ports: tuple[type, ...]) -> type[BoundedSource]:
+    """The view class with exactly ``ports`` (one class per combination, made once)."""
+    if not ports:
+        return BoundedSource
+    views = tuple(_PORTS[port] for port in ports)
+    name = "Bounded" + "".join(view.__name__.lstrip("_") for view in views) + "Source"
+    return cast(type[BoundedSource], type(name, views, {"__module__": __name__}))
 
 
 @dataclass(frozen=True)
