@@ -9,13 +9,17 @@ configured), one row per poller and namespace, created on first use::
     position_before/_after  where the stored batch was read after, and where it ends (typed JSON)
     rows, updated_at        its size, and when it was written (UTC, ISO 8601)
 
-Every transaction first locks that row (``SELECT ... FOR UPDATE``; SQLite: ``BEGIN IMMEDIATE``),
-so a claim and a batch of two owners never interleave. See :class:`~azure_functions_db.core.
-ports.TransactionalSink` for the contract and ``docs/sinks.md`` for use.
+A claim locks that row (``SELECT ... FOR UPDATE``; SQLite: ``BEGIN IMMEDIATE``) and raises its
+fence; a batch's transaction writes its mark with one compare-and-set ``UPDATE`` (the fence and
+sequence it expects, checked by the statement itself), so a stale owner's batch commits nothing.
+Per batch that is the writer's statements, the mark and the commit: no read of the record while
+this sink's own last commit tells what it holds. See :class:`~azure_functions_db.core.ports.
+TransactionalSink` for the contract and ``docs/sinks.md`` for use.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -94,6 +98,8 @@ class SqlSink:
         self._engine: sa.Engine | None = None
         self._positions: sa.Table | None = None
         self._tables: dict[str, sa.Table] = {}
+        # What this sink's own last commit left in each record (see `transaction`).
+        self._known: dict[PollerKey, SinkMark] = {}
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -114,7 +120,7 @@ class SqlSink:
             self._masked, self._secrets = urls.render_masked(url), urls.url_secrets(url)
             engine = engines.create(
                 url,
-                self.options.engine_options,
+                {**_transactional(url), **self.options.engine_options},
                 self._masked,
                 self._scrub,
                 connect_timeout=self.options.connect_timeout,
@@ -130,15 +136,16 @@ class SqlSink:
     def claim(self, key: PollerKey, fence: int) -> SinkMark | None:
         """Store ``fence`` in ``key``'s record and return what the record held before."""
         positions = self._ready()
+        self._known.pop(key, None)
         for attempt in range(2):
             try:
                 with self._errors("claim the position record"), self._transaction() as conn:
                     mark = self._read(conn, key, lock=True)
                     if mark is None:
                         conn.execute(sa.insert(positions).values(**_fresh(key, fence)))
-                        return None
-                    refuse_older_fence(key, fence, mark)
-                    if mark.fence < fence:
+                    else:
+                        refuse_older_fence(key, fence, mark)
+                    if mark is not None and mark.fence < fence:
                         # Conditional, so it is atomic even where the read above took no lock:
                         # a newer claim that got in between leaves no row to update.
                         claimed = conn.execute(
@@ -150,11 +157,14 @@ class SqlSink:
                             newer = self._read(conn, key, lock=False)
                             stored = newer.fence if newer is not None else 0
                             raise SinkFencedError(key.poller, key.namespace, fence, stored)
-                    return mark
             except SinkError as exc:
                 # Two owners created the record at once: the loser reads the winner's row.
                 if attempt or not isinstance(exc.__cause__, sa_exc.IntegrityError):
                     raise
+                continue
+            now = mark or SinkMark(fence=fence, sequence=0, before=None, after=None)
+            self._known[key] = dataclasses.replace(now, fence=fence)
+            return mark
         raise AssertionError("unreachable")  # pragma: no cover
 
     @contextmanager
@@ -163,60 +173,85 @@ class SqlSink:
     ) -> Iterator[SqlWriter | None]:
         """The batch's transaction: yields the writer, or ``None`` if the batch is stored.
 
-        The position row is read unlocked first (a stored batch skips the handler, a newer
-        fence refuses it early) and locked only to commit: while a handler runs, a new owner's
-        claim goes through, and this transaction then finds the newer fence and rolls back.
+        The record is expected to hold what this sink's own last commit for ``key`` left in it
+        (a claim or a batch, remembered in memory); without that memory (a failure since, a
+        first use), or when that is this batch's own mark, it is read first (unlocked: a stored
+        batch skips the handler, a newer fence refuses it early). The record is not locked
+        while the handler runs, so a new owner's claim goes through meanwhile. The mark is then
+        one compare-and-set statement: ``UPDATE ... WHERE fence = :expected AND sequence =
+        :expected``. No row updated means the record changed (a newer claim, or another
+        process with the same fence): the record is read once more under lock to say which,
+        and the transaction rolls back.
         """
-        positions = self._ready()
+        self._ready()
+        # Forgotten until this transaction commits: after any failure the record is read again.
+        known = self._known.pop(key, None)
         with self._errors("write the batch"), self._transaction() as conn:
-            seen = self._read(conn, key, lock=False)
+            if known is None or known.holds(batch, sequence):
+                seen = self._read(conn, key, lock=False)
+            else:
+                seen = known
             refuse_older_fence(key, batch.fence, seen)
             if seen is not None and seen.holds(batch, sequence):
+                stored: SinkMark | None = seen
                 yield None
-                return
-            yield SqlWriter(conn, self._table)
-            row = self._read(conn, key, lock=True)
-            refuse_older_fence(key, batch.fence, row)
-            if row != seen:
-                raise SinkError(
-                    f"The position record of {key} in {self.describe()} changed while the batch "
-                    "ran, under the same fence: two processes share one lease. The batch was "
-                    "rolled back.",
-                    poller=key.poller,
-                    namespace=key.namespace,
-                )
-            values = {
-                "fence": batch.fence,
-                "sequence": sequence,
-                "position_before": _encode(batch.position_before),
-                "position_after": _encode(batch.position_after),
-                "rows": len(batch),
-                "updated_at": _now(),
-            }
-            if row is None:
-                conn.execute(sa.insert(positions).values(**_fresh(key, batch.fence), **values))
-                return
-            # Compare-and-set on the record: no newer fence, and the batch it held when this one
-            # started. Atomic in every database, whatever its locking read does (SQL Server's
-            # dialect renders no FOR UPDATE).
-            written = conn.execute(
-                sa.update(positions)
-                .where(
-                    _is(positions, key),
-                    positions.c.fence <= batch.fence,
-                    positions.c.sequence == row.sequence,
-                )
-                .values(**values)
+            else:
+                yield SqlWriter(conn, self._table)
+                stored = self._mark_batch(conn, key, batch, sequence, seen)
+        if stored is not None:
+            self._known[key] = stored
+
+    def _mark_batch(
+        self,
+        conn: sa.Connection,
+        key: PollerKey,
+        batch: Batch,
+        sequence: int,
+        seen: SinkMark | None,
+    ) -> SinkMark:
+        """Write ``batch``'s mark over the record ``seen`` in one statement; refuse a record
+        that is no longer ``seen`` (``SinkFencedError`` for a newer fence)."""
+        positions = self._ready()
+        values = {
+            "fence": batch.fence,
+            "sequence": sequence,
+            "position_before": _encode(batch.position_before),
+            "position_after": _encode(batch.position_after),
+            "rows": len(batch),
+            "updated_at": _now(),
+        }
+        mark = SinkMark(
+            batch.fence, sequence, batch.position_before, batch.position_after, len(batch)
+        )
+        if seen is None:
+            # No record (claim creates one; it was deleted since): a concurrent creation fails
+            # on the primary key, and the batch rolls back.
+            conn.execute(sa.insert(positions).values(**_fresh(key, batch.fence), **values))
+            return mark
+        # Compare-and-set: atomic in every database, whatever its locking reads do (SQL Server's
+        # dialect renders no FOR UPDATE); `seen.fence <= batch.fence` was checked above.
+        written = conn.execute(
+            sa.update(positions)
+            .where(
+                _is(positions, key),
+                positions.c.fence == seen.fence,
+                positions.c.sequence == seen.sequence,
             )
-            if written.rowcount != 1:
-                now = self._read(conn, key, lock=False)
-                refuse_older_fence(key, batch.fence, now)
-                raise SinkError(
-                    f"The position record of {key} in {self.describe()} changed while the batch "
-                    "was committed, under the same fence. The batch was rolled back.",
-                    poller=key.poller,
-                    namespace=key.namespace,
-                )
+            .values(**values)
+        )
+        if written.rowcount != 1:
+            # A locking read sees the newest committed record, also under MySQL's REPEATABLE
+            # READ, whose plain reads would show this transaction's snapshot.
+            now = self._read(conn, key, lock=True)
+            refuse_older_fence(key, batch.fence, now)
+            raise SinkError(
+                f"The position record of {key} in {self.describe()} changed while the batch "
+                "ran, under the same fence: two processes share one lease. The batch was "
+                "rolled back.",
+                poller=key.poller,
+                namespace=key.namespace,
+            )
+        return mark
 
     def mark(self, key: PollerKey) -> SinkMark | None:
         """What ``key``'s record holds now (for ``status`` and tests); ``None`` if none."""
@@ -229,6 +264,7 @@ class SqlSink:
         with self._lock:
             engine, self._engine, self._positions = self._engine, None, None
             self._tables.clear()
+            self._known.clear()
         if engine is not None:
             engine.dispose()
 
@@ -321,15 +357,27 @@ class SqlSink:
 def locked_read(positions: sa.Table, dialect: sa.Dialect) -> sa.Select[Any]:
     """A read of the position table that locks the rows it returns until the transaction ends:
     ``FOR UPDATE``; SQL Server's dialect renders none, so an ``UPDLOCK`` hint there; SQLite's
-    ``BEGIN IMMEDIATE`` has locked the whole database already. (The final write is a
-    compare-and-set as well, so the lock makes errors clearer; it is not what keeps a stale
-    owner out.)"""
+    ``BEGIN IMMEDIATE`` has locked the whole database already. (A claim's write and a batch's
+    mark are compare-and-sets as well, so the lock makes errors clearer; it is not what keeps a
+    stale owner out.)"""
     query = sa.select(positions)
     if dialect.name == "mssql":
         return query.with_hint(positions, "WITH (UPDLOCK, ROWLOCK)", dialect_name="mssql")
     if dialect.name == "sqlite":
         return query
     return query.with_for_update()
+
+
+def _transactional(url: sa.URL) -> dict[str, Any]:
+    """Engine options for connections that only ever run transactions: the driver's default
+    isolation instead of the sources' autocommit reads (``engine_options`` may override).
+
+    Switching an autocommit connection into a transaction and back costs round trips per
+    batch on some drivers (PyMySQL: ``SET autocommit`` twice and the isolation level). Not on
+    SQLite, whose connections stay in autocommit for the sink's own ``BEGIN IMMEDIATE``."""
+    if url.get_backend_name() == "sqlite":
+        return {}
+    return {"isolation_level": None, "skip_autocommit_rollback": False}
 
 
 def _position_table(name: str, schema: str | None) -> sa.Table:

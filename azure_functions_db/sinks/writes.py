@@ -138,25 +138,28 @@ class SqlWriter:
     ) -> tuple[sa.Table, list[Mapping[str, Any]]]:
         target = self.table(table)
         data = [row.data if isinstance(row, Change) else row for row in rows]
-        if not data:
-            return target, data
-        columns = set(data[0])
+        known = set(target.c.keys())
+        columns: set[str] | None = None
         for row in data:
             if not isinstance(row, Mapping):
                 raise ConfigurationError(
                     f"Rows written to `{table}` must be mappings of column to value (or the "
                     f"batch's changes), not `{type(row).__name__}`."
                 )
-            if whole and set(row) != columns:
+            # A set of the names, compared in C: a mapping's keys view (a batch's `change.data`
+            # is a read-only view) would compare name by name in Python.
+            names = set(row)
+            if columns is None or not whole:
+                columns = names
+                if not names <= known:
+                    raise ConfigurationError(
+                        f"Table `{table}` has no column `{sorted(names - known)[0]}`: select the "
+                        "target's columns from each row (e.g. `{k: c.data[k] for k in (...)}`)."
+                    )
+            elif names != columns:  # the first row's columns, known ones
                 raise ConfigurationError(
                     f"Rows written to `{table}` must all have the same columns: one has "
-                    f"{sorted(row)}, the first {sorted(columns)}."
-                )
-            unknown = sorted(set(row) - set(target.c.keys()))
-            if unknown:
-                raise ConfigurationError(
-                    f"Table `{table}` has no column `{unknown[0]}`: select the target's columns "
-                    "from each row (e.g. `{k: c.data[k] for k in (...)}`)."
+                    f"{sorted(names)}, the first {sorted(columns)}."
                 )
         return target, data
 

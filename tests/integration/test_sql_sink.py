@@ -193,8 +193,9 @@ def test_the_url_comes_from_a_setting_when_the_sink_opens(tmp_path: Path) -> Non
 
 
 def test_the_commit_is_a_compare_and_set_even_without_a_locking_read(tmp_path: Path) -> None:
-    """SQL Server's dialect renders no FOR UPDATE: the record's final write must itself refuse a
-    newer fence. Here the locking read is bypassed and a newer claim lands before the write."""
+    """SQL Server's dialect renders no FOR UPDATE, and a batch reads no record at all when the
+    sink remembers it: the mark's write must itself refuse a newer fence. Here the newer fence
+    lands in the batch's own transaction, after the handler's writes, before the mark."""
     from azure_functions_db.core.checkpoint import PollerKey
     from azure_functions_db.errors import SinkFencedError
     from azure_functions_db.testing.sink_contract import contract_batch
@@ -204,26 +205,15 @@ def test_the_commit_is_a_compare_and_set_even_without_a_locking_read(tmp_path: P
     sink.open({})
     key = PollerKey("live", "orders")
     sink.claim(key, 1)
-    reads: list[int] = []
-    real_read = sink._read
-
-    def stale_read(conn: sa.Connection, key: PollerKey, *, lock: bool) -> object:
-        mark = real_read(conn, key, lock=lock)
-        reads.append(1)
-        if len(reads) == 2:  # the read before the final write: a newer claim lands after it
-            conn.exec_driver_sql("UPDATE afdb_positions SET fence = 2")
-        return mark
-
-    sink._read = stale_read  # type: ignore[method-assign]
     batch = contract_batch(1, [1])
 
     def stale_batch() -> None:
         with sink.transaction(key, batch, 1) as writer:
             assert writer is not None
+            writer.execute("UPDATE afdb_positions SET fence = 2")
 
     with pytest.raises(SinkFencedError):
         stale_batch()
-    sink._read = real_read  # type: ignore[method-assign]
     mark = sink.mark(key)
     assert mark is not None
     assert (mark.fence, mark.sequence) == (1, 0)  # rolled back: neither the fence nor the batch
