@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, overload
@@ -53,7 +55,9 @@ class Change(_EventIdSlot):
     """One changed row as delivered to the handler.
 
     Attributes:
-        data: The row's columns: a mapping of column name to value, as the driver returned them.
+        data: The row's columns: a read-only mapping of column name to value, as the driver
+            returned them (from a SQL source a view of the row, not a dict: `dict(change.data)`
+            copies it).
         position: The row's full keyset position.
         poller: The poller that delivered it.
         op: ``"upsert"``, or ``"delete"`` for soft-delete sources.
@@ -107,8 +111,6 @@ class RowLayout(Protocol):
     @property
     def names(self) -> tuple[str, ...]: ...
     @property
-    def to_dict(self) -> Callable[[Sequence[Any]], dict[str, Any]]: ...
-    @property
     def cursor_of(self) -> Callable[[Sequence[Any]], tuple[Any, ...]]: ...
     @property
     def pk_of(self) -> Callable[[Sequence[Any]], tuple[Any, ...]]: ...
@@ -116,30 +118,117 @@ class RowLayout(Protocol):
     def deleted(self) -> Callable[[Sequence[Any]], bool] | None: ...
 
 
-# The base class's slots, read and written past the properties of ``_RowChange`` below.
+# The base class's slot, read and written past the property of ``_RowChange`` below.
 _position_slot = Change.__dict__["position"]
 _get_position, _set_position = _position_slot.__get__, _position_slot.__set__
-_set_data = Change.__dict__["data"].__set__
-_set_poller = Change.__dict__["poller"].__set__
+_new = object.__new__
+
+
+class RowData(Mapping[str, Any]):
+    """``Change.data`` of a row from a SQL source: a read-only mapping over the driver's row.
+
+    Reading a column is an index into the row the database returned, through one name -> index
+    map shared by every row of the source (no dict per row). It equals the dict of the same
+    items, shows and pickles as one, and ``dict(change.data)`` (or ``change.data.copy()``) gives
+    a dict to change or to pass to ``json.dumps``. A repeated column name keeps its last value,
+    as in a dict built from the row.
+    """
+
+    __slots__ = ("_row",)
+    _row: Sequence[Any]
+    #: name -> index into the row; set on each source's subclass (see ``_classes``).
+    _index: Mapping[str, int] = {}
+
+    def __getitem__(self, key: str) -> Any:
+        return self._row[self._index[key]]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        index = self._index.get(key)
+        return default if index is None else self._row[index]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._index
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def copy(self) -> dict[str, Any]:
+        """The row as a new dict."""
+        row = self._row
+        return {name: row[index] for name, index in self._index.items()}
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RowData):
+            return self.copy() == other.copy()
+        if isinstance(other, Mapping):
+            return self.copy() == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # as a dict
+
+    def __or__(self, other: object) -> dict[str, Any]:
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        return {**self.copy(), **other}
+
+    def __ror__(self, other: object) -> dict[str, Any]:
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        return {**other, **self.copy()}
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        raise TypeError(
+            f"change.data is read-only (a view of the row the database returned): cannot set "
+            f"{key!r}. Copy it first: `row = dict(change.data)`, then change `row`."
+        )
+
+    def __delitem__(self, key: str) -> None:
+        raise TypeError(
+            f"change.data is read-only (a view of the row the database returned): cannot "
+            f"delete {key!r}. Copy it first: `row = dict(change.data)`, then change `row`."
+        )
+
+    def __repr__(self) -> str:
+        return repr(self.copy())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (dict, (self.copy(),))
 
 
 class _RowChange(Change):
-    """A ``Change`` over a driver row, built in four slot writes: ``data`` at once (one dict
-    display per row, see ``RowLayout.to_dict``; nearly every handler reads it), ``position``
-    from the row on first access (then kept), ``op`` read from the row.
+    """A ``Change`` over a driver row, built in one slot write: ``data`` is a :class:`RowData`
+    over the row, made on access; ``position`` is read from the row on first access (then
+    kept); ``op`` is read from the row; ``poller`` and the row's layout belong to the class (one
+    subclass per source layout and poller, see :func:`_classes`).
 
     It is a ``Change`` in every way a caller can see: equal to the plain ``Change`` with the same
-    fields, shown and pickled as one, frozen; ``dataclasses.replace`` returns a plain ``Change``.
+    fields, shown and pickled as one (``data`` as a dict), frozen; ``dataclasses.replace``
+    returns a plain ``Change``.
     """
 
-    __slots__ = ("_layout", "_row")
+    __slots__ = ("_row",)
     _row: Sequence[Any]
     _layout: RowLayout
+    _poller: str
+    _data: type[RowData]
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Change:  # type: ignore[misc]
         return Change(*args, **kwargs)  # dataclasses.replace(): a plain Change
 
-    @property
+    @property  # type: ignore[override]
+    def data(self) -> Mapping[str, Any]:
+        view = _new(self._data)
+        _set_view_row(view, self._row)
+        return view
+
+    @property  # type: ignore[override]
+    def poller(self) -> str:
+        return self._poller
+
+    @property  # type: ignore[override]
     def position(self) -> Position:
         try:
             return _get_position(self)  # type: ignore[no-any-return]
@@ -149,7 +238,7 @@ class _RowChange(Change):
             _set_position(self, value)
             return value
 
-    @property
+    @property  # type: ignore[override]
     def op(self) -> Literal["upsert", "delete"]:
         deleted = self._layout.deleted
         return "delete" if deleted is not None and deleted(self._row) else "upsert"
@@ -161,12 +250,45 @@ class _RowChange(Change):
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Change, (self.data, self.position, self.poller, self.op))
+        return (Change, (dict(self.data), self.position, self.poller, self.op))
 
 
-_new = object.__new__
 _set_row = _RowChange.__dict__["_row"].__set__
-_set_layout = _RowChange.__dict__["_layout"].__set__
+_set_view_row = RowData.__dict__["_row"].__set__
+#: layout -> poller -> the ``_RowChange`` subclass of that layout and poller.
+_CLASSES: weakref.WeakKeyDictionary[Any, dict[str, type[_RowChange]]] = weakref.WeakKeyDictionary()
+_CLASSES_LOCK = threading.Lock()
+
+
+def _classes(layout: RowLayout, poller: str) -> type[_RowChange]:
+    """The ``_RowChange`` subclass of ``layout`` and ``poller`` (made once, kept while the
+    layout lives): the layout, the poller and the column index are class attributes, so a
+    change of a row is one object with one slot."""
+    try:
+        return _CLASSES[layout][poller]
+    except KeyError:
+        pass
+    with _CLASSES_LOCK:
+        by_poller = _CLASSES.setdefault(layout, {})
+        if poller not in by_poller:
+            index = {name: i for i, name in enumerate(layout.names)}
+            data = type(
+                "RowData",
+                (RowData,),
+                {"__slots__": (), "__module__": __name__, "_index": index},
+            )
+            by_poller[poller] = type(
+                "Change",
+                (_RowChange,),
+                {
+                    "__slots__": (),
+                    "__module__": __name__,
+                    "_layout": layout,
+                    "_poller": poller,
+                    "_data": data,
+                },
+            )
+        return by_poller[poller]
 
 
 class RowChanges(Sequence[Change]):
@@ -183,7 +305,7 @@ class RowChanges(Sequence[Change]):
     built unchecked, as ``Position.trusted`` documents.
     """
 
-    __slots__ = ("_last", "_layout", "_poller", "_rows")
+    __slots__ = ("_class", "_last", "_layout", "_poller", "_rows")
 
     def __init__(
         self,
@@ -193,6 +315,7 @@ class RowChanges(Sequence[Change]):
         last: Position | None = None,
     ) -> None:
         self._rows, self._layout, self._poller, self._last = rows, layout, poller, last
+        self._class = _classes(layout, poller)
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -210,13 +333,27 @@ class RowChanges(Sequence[Change]):
             last = self._last_of(part[-1]) if part else None
             return RowChanges(part, self._layout, self._poller, last)
         row = rows[index]
-        return _row_change(row, self._layout, self._poller, self._last_of(row))
+        change = _new(self._class)
+        _set_row(change, row)
+        position = self._last_of(row)
+        if position is not None:
+            _set_position(change, position)
+        return change  # type: ignore[no-any-return]
 
     def __iter__(self) -> Iterator[Change]:
-        layout, poller, last = self._layout, self._poller, self._last
-        final = self._rows[-1] if self._rows else None
-        for row in self._rows:
-            yield _row_change(row, layout, poller, last if row is final else None)
+        cls, rows = self._class, self._rows
+        if not rows:
+            return
+        last = self._last
+        for row in rows[:-1] if last is not None else rows:
+            change = _new(cls)
+            _set_row(change, row)
+            yield change
+        if last is not None:
+            change = _new(cls)
+            _set_row(change, rows[-1])
+            _set_position(change, last)
+            yield change
 
     def _last_of(self, row: Sequence[Any]) -> Position | None:
         """``last`` for the last row, else ``None`` (the position is built on access)."""
@@ -235,20 +372,6 @@ class RowChanges(Sequence[Change]):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (tuple, (tuple(self),))
-
-
-def _row_change(
-    row: Sequence[Any], layout: RowLayout, poller: str, position: Position | None
-) -> Change:
-    """One ``_RowChange`` over ``row``; ``position``, when given, is its position already."""
-    change = _new(_RowChange)
-    _set_data(change, layout.to_dict(row))
-    _set_row(change, row)
-    _set_layout(change, layout)
-    _set_poller(change, poller)
-    if position is not None:
-        _set_position(change, position)
-    return change
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 import pickle
+from collections.abc import Mapping
 
 import pytest
 
@@ -45,8 +47,6 @@ def test_data_and_position_are_built_once_and_read_in_any_order():
     assert first.position == Position((WHEN,), (7,))  # position before data
     assert first.position is first.position
     data = first.data
-    assert type(data) is dict
-    assert data is first.data
     assert data == {"id": 7, "note": "seven", "updated_at": WHEN, "deleted": False}
     assert first.position == Position((WHEN,), (7,))
     assert first.op == "upsert"
@@ -167,3 +167,67 @@ def test_a_batch_over_row_changes_reads_like_one_over_a_tuple():
     assert batch.rows == [c.data for c in plain]
     assert batch[1] == plain[1]
     assert pickle.loads(pickle.dumps(batch)) == plain
+
+
+ROW_DICT = {"id": 7, "note": "seven", "updated_at": WHEN, "deleted": False}
+
+
+def test_row_data_is_a_read_only_mapping_over_the_row_that_acts_as_its_dict():
+    data = SHAPE.changes(ROWS, "orders")[0].data
+    assert isinstance(data, Mapping)
+    assert not isinstance(data, dict)  # no dict is built per row
+    assert data == ROW_DICT
+    assert ROW_DICT == data  # noqa: SIM300 - the dict's side of the comparison
+    assert data != {**ROW_DICT, "id": 8}
+    assert data == SHAPE.changes(ROWS, "orders")[0].data
+    assert data != SHAPE.changes(ROWS, "orders")[1].data
+    assert list(data) == list(NAMES)
+    assert len(data) == 4
+    assert list(data.items()) == list(ROW_DICT.items())
+    assert ("note" in data, "missing" in data) == (True, False)
+    assert (data.get("note"), data.get("missing"), data.get("missing", 0)) == ("seven", None, 0)
+    with pytest.raises(KeyError, match="missing"):
+        data["missing"]
+    copied = dict(data)
+    assert type(copied) is dict
+    assert copied == ROW_DICT
+    assert type(data.copy()) is dict
+    assert data.copy() == ROW_DICT
+    assert data | {"id": 9} == {**ROW_DICT, "id": 9}
+    assert {"extra": 1} | data == {"extra": 1, **ROW_DICT}
+    assert repr(data) == repr(ROW_DICT)
+    assert json.dumps(dict(data), default=str) == json.dumps(ROW_DICT, default=str)
+    copy = pickle.loads(pickle.dumps(data))
+    assert type(copy) is dict
+    assert copy == ROW_DICT
+    with pytest.raises(TypeError):
+        hash(data)
+
+
+@pytest.mark.parametrize("change", ["set", "delete"])
+def test_row_data_refuses_changes_and_says_how_to_copy_it(change):
+    data = SHAPE.changes(ROWS, "orders")[0].data
+
+    def attempt() -> None:
+        if change == "set":
+            data["note"] = "changed"  # type: ignore[index]
+        else:
+            del data["note"]  # type: ignore[attr-defined]
+
+    with pytest.raises(TypeError, match=r"read-only.*dict\(change\.data\)"):
+        attempt()
+    assert data["note"] == "seven"
+
+
+def test_row_data_of_a_repeated_column_keeps_the_last_value_as_a_dict_would():
+    shape = RowShape(("dup", "other", "dup"), picker([1]), picker([1]))
+    data = shape.changes([(1, 2, 3)], "p")[0].data
+    names = ("dup", "other", "dup")
+    assert data == {"dup": 3, "other": 2} == dict(zip(names, (1, 2, 3), strict=True))
+    assert len(data) == 2
+
+
+def test_changes_of_two_pollers_over_one_layout_keep_their_own_poller():
+    one, two = SHAPE.changes(ROWS, "one")[0], SHAPE.changes(ROWS, "two")[0]
+    assert (one.poller, two.poller) == ("one", "two")
+    assert one.event_id != two.event_id
