@@ -218,17 +218,17 @@ class _RowChange(Change):
     def __new__(cls, *args: Any, **kwargs: Any) -> Change:  # type: ignore[misc]
         return Change(*args, **kwargs)  # dataclasses.replace(): a plain Change
 
-    @property  # type: ignore[override]
+    @property
     def data(self) -> Mapping[str, Any]:
         view = _new(self._data)
         _set_view_row(view, self._row)
         return view
 
-    @property  # type: ignore[override]
+    @property
     def poller(self) -> str:
         return self._poller
 
-    @property  # type: ignore[override]
+    @property
     def position(self) -> Position:
         try:
             return _get_position(self)  # type: ignore[no-any-return]
@@ -238,7 +238,7 @@ class _RowChange(Change):
             _set_position(self, value)
             return value
 
-    @property  # type: ignore[override]
+    @property
     def op(self) -> Literal["upsert", "delete"]:
         deleted = self._layout.deleted
         return "delete" if deleted is not None and deleted(self._row) else "upsert"
@@ -338,7 +338,7 @@ class RowChanges(Sequence[Change]):
         position = self._last_of(row)
         if position is not None:
             _set_position(change, position)
-        return change  # type: ignore[no-any-return]
+        return change
 
     def __iter__(self) -> Iterator[Change]:
         cls, rows = self._class, self._rows
