@@ -48,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
 def _run_one(benchmark: Benchmark, ctx: Context) -> tuple[BenchmarkResult, bool]:
     """Run one benchmark; a skip is a result, a crash is a result plus ``False``."""
     started = time.perf_counter()
+    load_start = report.load_average()[0]
     ok = True
     try:
         result = benchmark.run(ctx)
@@ -59,6 +60,7 @@ def _run_one(benchmark: Benchmark, ctx: Context) -> tuple[BenchmarkResult, bool]
         result.note("FAILED:\n" + traceback.format_exc())
         ok = False
     result.seconds = time.perf_counter() - started
+    result.load = (load_start, report.load_average()[0])
     return result, ok
 
 

@@ -8,6 +8,7 @@ A benchmark whose service is missing raises :class:`BenchmarkSkipped` with the r
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -86,6 +87,8 @@ class BenchmarkResult:
     ratios: list[Ratio] = field(default_factory=list)
     grids: list[Grid] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: The 1-minute load average when the benchmark started and ended (set by the harness).
+    load: tuple[float, float] = (math.nan, math.nan)
 
     def metric(
         self, key: str, label: str, value: float | int, unit: str, detail: str = ""

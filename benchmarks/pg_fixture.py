@@ -242,11 +242,15 @@ def raw_statements(db: OrdersTable, predicate: Predicate) -> tuple[str, str]:
     return first, select + after + "ORDER BY updated_at, id LIMIT %s"
 
 
-def raw_scan(db: OrdersTable, batch_size: int, predicate: Predicate = "nested") -> int:
+def raw_scan(
+    db: OrdersTable, batch_size: int, predicate: Predicate = "nested", *, column: bool = False
+) -> int:
     """Baseline A: drain the table with psycopg keyset batches; return the row count.
 
     One autocommit connection, ``fetchall()`` into tuples (psycopg's default row factory);
     psycopg prepares the repeated statement on the server after its fifth execution.
+    ``column``: also read one column (``note``) of every row from its tuple, as the baseline of
+    a handler that reads one.
     """
     first, following = raw_statements(db, predicate)
     with db.server.connect() as conn:
@@ -255,6 +259,9 @@ def raw_scan(db: OrdersTable, batch_size: int, predicate: Predicate = "nested") 
         total = 0
         while rows:
             total += len(rows)
+            if column:
+                for row in rows:
+                    row[1]
             if len(rows) < batch_size:
                 break
             pk, _, cursor = rows[-1]

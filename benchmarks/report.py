@@ -12,6 +12,7 @@ import json
 import math
 import os
 import platform
+import re
 import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -157,6 +158,7 @@ def document(results: Sequence[BenchmarkResult], ctx: Context, info: RunInfo) ->
                 "tier": result.tier,
                 "status": result.status,
                 "seconds": round(result.seconds, 3),
+                "load_average": [_number(round(x, 2)) for x in result.load],
                 "metrics": {m.key: _metric_json(m) for m in result.metrics},
                 "ratios": {r.key: _ratio_json(r) for r in result.ratios},
                 "grids": {g.key: _grid_json(g) for g in result.grids},
@@ -223,7 +225,10 @@ def render(
     )
     for result in results:
         console.print()
-        heading = f"[bold]{result.title}[/bold]  [dim]{result.name} ({result.seconds:.1f} s)[/dim]"
+        load = f", load {result.load[0]:.2f} -> {result.load[1]:.2f}"
+        heading = (
+            f"[bold]{result.title}[/bold]  [dim]{result.name} ({result.seconds:.1f} s{load})[/dim]"
+        )
         if result.status != "ok":
             console.print(f"{heading}  [yellow]{result.status}[/yellow]")
             for note in result.notes:
@@ -259,3 +264,49 @@ def render(
             console.print(breakdown)
         for note in result.notes:
             console.print(f"  - {note}", highlight=False)
+    _render_goals(results, console)
+
+
+_GOAL = re.compile(r">=\s*([0-9]*\.?[0-9]+)")
+
+
+def goal_of(target: str) -> float | None:
+    """The threshold of a ratio's target (``"issue 31: >= 0.85"`` -> 0.85), if it states one
+    for this ratio (a target quoted for another tier, "not this tier", is not its goal)."""
+    if "not this tier" in target:
+        return None
+    found = _GOAL.search(target)
+    return float(found.group(1)) if found else None
+
+
+def _render_goals(results: Sequence[BenchmarkResult], console: Console) -> None:
+    """Every ratio with a stated goal, one table: value, goal, met or not, and the load average
+    of its benchmark (a goal missed on a busy machine is measured again on a quiet one)."""
+    rows = [
+        (result, ratio, goal)
+        for result in results
+        for ratio in result.ratios
+        if (goal := goal_of(ratio.target)) is not None
+    ]
+    if not rows:
+        return
+    console.print()
+    console.print("[bold]Goals[/bold]  [dim]every ratio with a target, measured above[/dim]")
+    table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
+    table.add_column("benchmark")
+    table.add_column("ratio")
+    table.add_column("value", justify="right")
+    table.add_column("goal", justify="right")
+    table.add_column("")
+    table.add_column("load", style="dim")
+    for result, ratio, goal in rows:
+        met = math.isfinite(ratio.value) and ratio.value >= goal
+        table.add_row(
+            result.name,
+            ratio.label,
+            format_value(ratio.value, "ratio"),
+            f">= {goal:g}",
+            "[green]met[/green]" if met else "[red]missed[/red]",
+            f"{result.load[0]:.2f} -> {result.load[1]:.2f}",
+        )
+    console.print(table)
