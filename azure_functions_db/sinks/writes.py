@@ -7,7 +7,12 @@ position record or not at all. ``upsert`` is one statement per dialect (PostgreS
 
 from __future__ import annotations
 
+import operator
+import re
+import threading
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -93,7 +98,7 @@ class SqlWriter:
         """Insert ``rows`` (mappings, or the batch's changes); the number inserted."""
         target, data = self._prepared(table, rows)
         if data:
-            self._conn.execute(sa.insert(target), data)
+            self._many(sa.insert(target), data, ("insert",))
         return len(data)
 
     def upsert(self, table: str, rows: Rows, *, key: Sequence[str] | None = None) -> int:
@@ -110,7 +115,10 @@ class SqlWriter:
                 f"{keys}: include it, or pass `key=[...]` with the columns that identify a row."
             )
         statement, bind = upsert_statement(self._conn.dialect, target, columns, keys)
-        self._conn.execute(statement, [bind(row) for row in data])
+        if bind is _same:
+            self._many(statement, data, ("upsert", *keys))
+        else:
+            self._conn.execute(statement, [bind(row) for row in data])
         return len(data)
 
     def delete(self, table: str, rows: Rows, *, key: Sequence[str] | None = None) -> int:
@@ -132,6 +140,15 @@ class SqlWriter:
         return self.upsert(table, upserts, key=key) + self.delete(table, deletes, key=key)
 
     # -- helpers -----------------------------------------------------------------------------
+
+    def _many(self, statement: Any, data: list[Mapping[str, Any]], kind: tuple[str, ...]) -> None:
+        """Run ``statement`` for every row of ``data`` (one driver ``executemany``)."""
+        dialect = self._conn.dialect
+        plan = driver_statement(dialect, statement, kind, tuple(data[0]))
+        if plan is None:
+            self._conn.execute(statement, data)
+        else:
+            self._conn.exec_driver_sql(plan.sql, [plan.values(row) for row in data])
 
     def _prepared(
         self, table: str, rows: Rows, *, whole: bool = True
@@ -183,12 +200,93 @@ class SqlWriter:
         return keys
 
 
+def _same(row: Mapping[str, Any]) -> Mapping[str, Any]:
+    return row
+
+
+#: The (dialect, driver) pairs whose statements the writer may hand to the driver itself.
+DIRECT_DRIVERS = frozenset(
+    {
+        ("postgresql", "psycopg"),
+        ("mysql", "pymysql"),
+        ("mariadb", "pymysql"),
+        ("sqlite", "pysqlite"),
+    }
+)
+_PYFORMAT = re.compile(r"%\((\w+)\)s")
+
+
+@dataclass(frozen=True)
+class DriverStatement:
+    """A writer's statement as the driver's own SQL, with each row's values as a tuple."""
+
+    sql: str
+    values: Callable[[Mapping[str, Any]], tuple[Any, ...]]
+
+
+_PLANS: weakref.WeakKeyDictionary[sa.Table, dict[tuple[Any, ...], DriverStatement | None]] = (
+    weakref.WeakKeyDictionary()
+)
+_PLANS_LOCK = threading.Lock()
+
+
+def driver_statement(
+    dialect: sa.Dialect, statement: Any, kind: tuple[str, ...], columns: tuple[str, ...]
+) -> DriverStatement | None:
+    """``statement`` (an insert or upsert of ``columns`` into a table, ``kind`` naming which)
+    compiled once by SQLAlchemy, as the text the driver's ``executemany`` takes with a tuple
+    per row; ``None`` where SQLAlchemy would do more than hand the values on.
+
+    SQLAlchemy's own executemany builds and processes a parameter dict per row, a third of
+    the client's time of a batch insert. Where no column's type converts its values (JSON,
+    SQLite's dates and the like do: ``None`` then) and the driver is one of
+    :data:`DIRECT_DRIVERS` (tested here; SQL Server's pyodbc also sets input sizes), the
+    same SQL with the rows' values in bind order does what SQLAlchemy's would do. Kept per
+    table, kind, columns and dialect."""
+    table = statement.table
+    key = (dialect.name, dialect.driver, kind, columns)
+    with _PLANS_LOCK:
+        plans = _PLANS.setdefault(table, {})
+        if key in plans:
+            return plans[key]
+    plan = _compiled(dialect, statement, columns)
+    with _PLANS_LOCK:
+        plans[key] = plan
+    return plan
+
+
+def _compiled(
+    dialect: sa.Dialect, statement: Any, columns: tuple[str, ...]
+) -> DriverStatement | None:
+    if (dialect.name, dialect.driver) not in DIRECT_DRIVERS:
+        return None
+    table = statement.table
+    for column in columns:
+        if table.c[column].type.dialect_impl(dialect).bind_processor(dialect) is not None:
+            return None
+    compiled = statement.compile(dialect=dialect, column_keys=list(columns), for_executemany=True)
+    sql = compiled.string
+    if dialect.paramstyle == "pyformat":
+        order = _PYFORMAT.findall(sql)
+        sql = _PYFORMAT.sub("%s", sql)
+    elif dialect.paramstyle == "qmark":
+        order = list(compiled.positiontup or ())
+    else:  # pragma: no cover - no driver of DIRECT_DRIVERS
+        return None
+    if len(order) != len(columns) or set(order) != set(columns):
+        return None  # bind names SQLAlchemy escaped, or a bind of its own
+    getter = operator.itemgetter(*order)
+    if len(order) == 1:
+        return DriverStatement(sql, lambda row: (getter(row),))
+    return DriverStatement(sql, getter)
+
+
 def upsert_statement(
     dialect: sa.Dialect, table: sa.Table, columns: list[str], keys: list[str]
 ) -> tuple[Any, Callable[[Mapping[str, Any]], Mapping[str, Any]]]:
     """One insert-or-update statement for ``dialect``, and how to bind a row to it."""
     updates = [c for c in columns if c not in keys]
-    same: Callable[[Mapping[str, Any]], Mapping[str, Any]] = lambda row: row  # noqa: E731
+    same = _same
     if dialect.name in ("postgresql", "sqlite"):
         module = postgresql if dialect.name == "postgresql" else sqlite
         insert = module.insert(table)
