@@ -52,6 +52,16 @@ from azure_functions_db.errors import (
 
 logger = logging.getLogger(__name__)
 
+
+class _CommitBefore(Exception):
+    """The checkpoint commit of the batch before failed while a sink batch waited for it: its
+    error, carried out of the sink transaction (rolled back) past the handler's failure path."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(repr(error))
+        self.error = error
+
+
 Handler = (
     Callable[[Batch], None]
     | Callable[[Batch], Awaitable[None]]
@@ -236,10 +246,6 @@ class Engine(PoisonRuns, HealthRuns):
                 horizon = None
                 continue
             batch = self._batch(pipe.checkpoint, claim.fence, changes)
-            if self.sink is not None:
-                # A sink may hold one batch the checkpoint does not (the catch-up's rule), never
-                # two: the commit in flight lands before this batch's sink transaction starts.
-                pipe.settle()
             pipe.ensure_held()
             called = self.clock.monotonic()
             try:
@@ -288,6 +294,8 @@ class Engine(PoisonRuns, HealthRuns):
         )
         try:
             self._invoke(batch, claim)
+        except _CommitBefore as before:
+            raise before.error from before.error.__cause__  # the commit's, not the handler's
         except SinkFencedError:
             raise  # another owner claimed the poller: its attempt, not a failure of this batch
         except TransientSinkError as exc:
@@ -366,8 +374,9 @@ class Engine(PoisonRuns, HealthRuns):
         if self.sink is None:
             self._call(batch)
             return
-        assert self._pipe is None or not self._pipe.busy, "a sink batch follows a landed commit"
-        sequence = claim.checkpoint.stats.batches + 1
+        pipe = self._pipe
+        # The batch's number: the record's once every batch handed to the commits has landed.
+        sequence = (pipe.checkpoint if pipe is not None else claim.checkpoint).stats.batches + 1
         with self.sink.transaction(self.config.key, batch, sequence) as writer:
             if writer is None:
                 self._log(
@@ -380,6 +389,14 @@ class Engine(PoisonRuns, HealthRuns):
                 )
                 return
             self._call(batch, writer)
+            # A sink may hold one batch the checkpoint does not (the catch-up's rule), never
+            # two: the checkpoint commit of the batch before (in flight while this handler ran)
+            # lands before this batch's sink transaction commits; if it failed, this one rolls
+            # back with its error.
+            try:
+                self._settle()
+            except BaseException as exc:
+                raise _CommitBefore(exc) from exc
 
     def _settle(self) -> None:
         """Wait for the commit in flight (if any) and report it, or raise its error."""

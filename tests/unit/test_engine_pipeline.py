@@ -8,13 +8,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from pathlib import Path
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 
 from azure_functions_db.core.batch import Batch
 from azure_functions_db.core.checkpoint import Checkpoint
+from azure_functions_db.core.engine import Engine, PollerConfig
 from azure_functions_db.core.observe import NullObserver
 from azure_functions_db.errors import (
     CheckpointConflictError,
@@ -23,6 +25,7 @@ from azure_functions_db.errors import (
     TransientStoreError,
 )
 from azure_functions_db.sinks.memory import MemorySink
+from azure_functions_db.sources.sqlalchemy import SqlSource
 from azure_functions_db.state.memory import MemoryStateStore
 from azure_functions_db.testing.clock import FakeClock
 from tests.support.sqlite_orders import Orders
@@ -155,8 +158,13 @@ def test_a_commit_failing_while_the_next_handler_runs_acknowledges_nothing_after
     engine.observer = Counting()
     with caplog.at_level(logging.INFO), pytest.raises(type(error)):
         engine.run(SETTINGS)
-    # Batch 2 was handed over while commit 1 was failing; the run stopped there.
-    assert handler.ids == [[1, 2, 3, 4], [5, 6, 7, 8]]
+    # Batch 2 was handed over while commit 1 was failing; the run stopped there, or (group
+    # commit: batch 2 waited for a later commit) after batch 3, when commit 1 had not failed
+    # yet as batch 3 was handed over.
+    assert handler.ids in (
+        [[1, 2, 3, 4], [5, 6, 7, 8]],
+        [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]],
+    )
     assert handler.overlapped[1] is True
     assert stored(store).position is None  # neither batch acknowledged
     assert committed == []
@@ -237,29 +245,67 @@ def test_a_handler_failing_while_a_commit_is_in_flight_counts_its_attempt_after_
     assert "handler failed" in cp.last_error
 
 
-def test_with_a_sink_each_commit_lands_before_the_next_sink_transaction(
-    orders: Orders, clock: FakeClock, tmp_path: Path
+def test_with_a_sink_the_commit_before_lands_before_the_sink_transaction_commits(
+    orders: Orders, store: GatedStore, clock: FakeClock
 ) -> None:
+    """The next sink batch's handler runs while the checkpoint commit of the batch before is in
+    flight, but its sink transaction commits only after that commit landed: the sink never
+    holds more than one batch the checkpoint does not."""
     orders.insert(range(1, 11))
-    store = MemoryStateStore(clock)
-    sink = MemorySink()
+    key = PollerConfig(name="orders").key
+    at_sink_commit: list[tuple[int, int]] = []
+
+    class Watched(MemorySink):
+        @contextmanager
+        def transaction(self, key: Any, batch: Batch, sequence: int) -> Iterator[Any]:
+            with super().transaction(key, batch, sequence) as writer:
+                yield writer
+                cp = store.read(key)
+                at_sink_commit.append((sequence, cp.checkpoint.stats.batches if cp else 0))
+
+    sink = Watched()
     sink.create_table("out", ["id"])
-    ahead: list[int] = []
-    from azure_functions_db.core.engine import Engine, PollerConfig
-    from azure_functions_db.sources.sqlalchemy import SqlSource
+    overlapped: list[bool] = []
 
     def handler(batch: Batch, writer: Any) -> None:
-        cp = store.read(PollerConfig(name="orders").key)
-        mark = sink.mark(PollerConfig(name="orders").key)
-        # The sink never holds more than one batch the checkpoint does not: here, none.
-        ahead.append((mark.sequence if mark else 0) - (cp.checkpoint.stats.batches if cp else 0))
+        overlapped.append(store.entered.is_set())
         writer.insert("out", [{"id": c.pk} for c in batch])
+        if len(overlapped) == 2:
+            threading.Timer(0.2, store.gate.set).start()
 
     source = SqlSource(url=orders.url, table="orders", cursor="updated_at", pk="id")
     cfg = PollerConfig(name="orders", batch_size=4, pipeline=True)
     Engine(cfg, source, store, handler, clock, owner="o", sink=sink).run(SETTINGS)
-    assert ahead == [0, 0, 0]
+    assert overlapped[:2] == [False, True]  # batch 2 was handled while commit 1 waited
+    # When each batch's sink transaction committed, the checkpoint held every batch before it.
+    assert at_sink_commit == [(1, 0), (2, 1), (3, 2)]
     assert sorted(r["id"] for r in sink.rows("out")) == list(range(1, 11))
+    assert sink.mark(key) is not None
+
+
+def test_with_a_sink_a_failed_commit_before_rolls_the_next_batch_back_and_is_the_error(
+    orders: Orders, store: GatedStore, clock: FakeClock
+) -> None:
+    """The commit of batch 1 fails while batch 2's handler runs in its sink transaction: the
+    run ends with the commit's error (not a handler failure: no attempt is counted), and batch
+    2's rows never reach the sink."""
+    orders.insert(range(1, 9))
+    store.fail = CheckpointConflictError("orders", "live", expected_etag="a", found_etag="b")
+    sink = MemorySink()
+    sink.create_table("out", ["id"])
+
+    def handler(batch: Batch, writer: Any) -> None:
+        writer.insert("out", [{"id": c.pk} for c in batch])
+        if batch[0].pk == 5:
+            store.gate.set()
+
+    source = SqlSource(url=orders.url, table="orders", cursor="updated_at", pk="id")
+    cfg = PollerConfig(name="orders", batch_size=4, pipeline=True)
+    with pytest.raises(CheckpointConflictError):
+        Engine(cfg, source, store, handler, clock, owner="o", sink=sink).run(SETTINGS)
+    assert sorted(r["id"] for r in sink.rows("out")) == [1, 2, 3, 4]
+    cp = stored(store)
+    assert (cp.attempts, cp.position) == (0, None)
 
 
 def test_a_run_that_spends_its_budget_waits_for_its_last_commit(
