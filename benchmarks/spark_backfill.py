@@ -784,8 +784,10 @@ def run(ctx: Context) -> BenchmarkResult:  # noqa: PLR0915 - one linear report
     result.note(
         "The backfill time is the whole backfill() call: loading the app, opening and checking "
         "the source, planning (H0, row count, key walk, chunk records), the Spark job (one "
-        "task per chunk: the engine with lease, fence, fetch, Batch, no-op handler and an "
-        "fsync'd local checkpoint per batch) and marking the run finished."
+        "task per chunk: the engine with lease, fence, fetch read ahead, Batch, no-op handler "
+        "and an fsync'd local checkpoint at least every second) and marking the run finished. "
+        "The whole command adds Python's start-up, a new Spark session (its JVM, with the "
+        "quick-start options of a local session) and its Python workers, and stopping Spark."
     )
     return result
 
