@@ -24,7 +24,6 @@ to an open ``DeltaTable`` (``benchmarks/delta_sink.py``).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -38,7 +37,6 @@ from azure_functions_db.core.batch import Batch, Change
 from azure_functions_db.core.checkpoint import PollerKey
 from azure_functions_db.core.logs import log_event
 from azure_functions_db.core.ports import SinkMark, refuse_older_fence
-from azure_functions_db.core.position import Position
 from azure_functions_db.errors import (
     ConfigurationError,
     SinkError,
@@ -46,26 +44,22 @@ from azure_functions_db.errors import (
     TransientSinkError,
 )
 from azure_functions_db.sinks import options
+from azure_functions_db.sinks._delta_log import (
+    TableState,
+    arrow_schema,
+    batch_app,
+    encode_position,
+    fence_app,
+    read_mark,
+    row_mappings,
+)
 from azure_functions_db.sources import urls
 
 logger = logging.getLogger(__name__)
 
 #: Commit attempts on top of other writers' commits before the batch fails (transiently).
 COMMIT_ATTEMPTS = 30
-#: How far back the table's history is searched for a poller's last batch commit (``None``:
-#: all of it that the log still holds).
-HISTORY_WINDOW = (50, 1000, None)
 _OP = "_afdb_op"
-
-
-def batch_app(key: PollerKey) -> str:
-    """The application id whose version is the poller's last committed batch sequence."""
-    return f"afdb:{key.namespace}/{key.poller}"
-
-
-def fence_app(key: PollerKey) -> str:
-    """The application id whose version is the newest owner's fence."""
-    return f"afdb-fence:{key.namespace}/{key.poller}"
 
 
 class DeltaWriter:
@@ -85,7 +79,7 @@ class DeltaWriter:
     def insert(self, rows: Iterable[Mapping[str, Any] | Change]) -> int:
         """Append ``rows`` (mappings, or the batch's changes: their ``data``). With a key, a
         later write of the same key in this batch replaces it."""
-        data = _rows(rows)
+        data = row_mappings(rows)
         if self._key is None:
             self.appended.extend(data)
             return len(data)
@@ -93,11 +87,11 @@ class DeltaWriter:
 
     def upsert(self, rows: Iterable[Mapping[str, Any] | Change]) -> int:
         """Insert ``rows``, or update the rows with the same key."""
-        return self._merge("upsert", _rows(rows))
+        return self._merge("upsert", row_mappings(rows))
 
     def delete(self, rows: Iterable[Mapping[str, Any] | Change]) -> int:
         """Delete the rows whose key matches one of ``rows``."""
-        return self._merge("delete", _rows(rows))
+        return self._merge("delete", row_mappings(rows))
 
     def apply(self, changes: Iterable[Change]) -> int:
         """Mirror ``changes``: upsert each row, delete the soft-deleted ones."""
@@ -155,7 +149,7 @@ class DeltaSink:
         self._uri: str | None = None
         self._storage: dict[str, str] | None = None
         self._lock = threading.Lock()
-        self._state = _TableState()
+        self._state = TableState()
 
     def __repr__(self) -> str:
         return f"DeltaSink(uri={self.options.uri!r}, key={self.options.key!r})"
@@ -253,8 +247,8 @@ class DeltaSink:
             "afdb.app": batch_app(key),
             "afdb.sequence": str(sequence),
             "afdb.fence": str(batch.fence),
-            "afdb.before": _encode(batch.position_before),
-            "afdb.after": _encode(batch.position_after),
+            "afdb.before": encode_position(batch.position_before),
+            "afdb.after": encode_position(batch.position_after),
             "afdb.rows": str(len(batch)),
         }
         committed = SinkMark(
@@ -331,7 +325,7 @@ class DeltaSink:
             state.version = table.version()
         if key not in state.known:
             with self._errors("read the table"):
-                state.known[key] = _mark(table, key)
+                state.known[key] = read_mark(table, key)
         return state.known[key]
 
     def _commit(
@@ -387,7 +381,7 @@ class DeltaSink:
     def _merge(self, table: Any, writer: DeltaWriter, props: Any) -> None:
         key = writer._key or ()
         rows = [{**row, _OP: op} for op, row in writer.merged.values()]
-        columns = [name for name in _arrow_schema(table).names]
+        columns = [name for name in arrow_schema(table).names]
         source = self._arrow(table, rows, extra=_OP)
         quoted = {c: f"`{c}`" for c in columns}
         predicate = " AND ".join(f"t.{quoted[k]} = s.{quoted[k]}" for k in key)
@@ -411,7 +405,7 @@ class DeltaSink:
         without one of them holds null there); a column the table does not have is refused."""
         import pyarrow as pa
 
-        schema = _arrow_schema(table)
+        schema = arrow_schema(table)
         present: set[str] = set()
         named = present.update
         for row in rows:
@@ -452,104 +446,3 @@ class DeltaSink:
                 f"DeltaSink could not {action} at `{self.options.uri}` "
                 f"({type(exc).__name__}): {detail[:500]}"
             ) from exc
-
-
-class _TableState:
-    """The sink's open table and what it knows of the pollers' marks at one version of it.
-
-    ``known`` holds marks as of ``version``: each read from the table, or committed by this sink
-    on top of that version (a successful commit of ``max_commit_retries=0`` lands exactly one
-    version later, so nothing else came in between). Another writer's commit moves the table
-    past ``version`` when it is read, and every mark is read again.
-    """
-
-    def __init__(self) -> None:
-        self.lock = threading.RLock()
-        self.table: Any = None
-        self.pid = 0
-        self.version = -1
-        self.known: dict[PollerKey, SinkMark | None] = {}
-        #: A commit lost a race: read the log's new entries before each batch's commit, until
-        #: such a reading finds none.
-        self.contended = False
-
-    def opened(self, table: Any) -> None:
-        self.table, self.pid = table, os.getpid()
-        self.version, self.known = -1, {}
-
-    def forget(self) -> None:
-        """After an error whose effect on the open table is not known: open it again."""
-        self.table, self.version, self.known = None, -1, {}
-
-    def landed(self, base: int, now: int, key: PollerKey, mark: SinkMark) -> None:
-        """This sink's commit of ``mark`` on top of version ``base`` landed; the table is at
-        ``now``."""
-        if self.version == base and now == base + 1:
-            self.version = now
-            self.known[key] = mark
-        else:
-            self.known.clear()
-
-
-def _arrow_schema(table: Any) -> Any:
-    import pyarrow as pa
-
-    return pa.schema(table.schema().to_arrow())
-
-
-def _mark(table: Any, key: PollerKey) -> SinkMark | None:
-    """The poller's mark as the table's application transactions and history record it."""
-    fence = table.transaction_version(fence_app(key))
-    sequence = table.transaction_version(batch_app(key))
-    if fence is None and sequence is None:
-        return None
-    if sequence is None:
-        return SinkMark(fence=int(fence), sequence=0, before=None, after=None)
-    commit = _batch_commit(table, key, int(sequence))
-    return SinkMark(
-        fence=int(fence if fence is not None else commit.get("afdb.fence", 0)),
-        sequence=int(sequence),
-        before=_decode(commit.get("afdb.before")),
-        after=_decode(commit.get("afdb.after")),
-        rows=int(commit.get("afdb.rows", 0)),
-    )
-
-
-def _batch_commit(table: Any, key: PollerKey, sequence: int) -> dict[str, Any]:
-    """The commit info of ``key``'s batch ``sequence``; empty when the log no longer has it.
-
-    Delta removes old log entries (``delta.logRetentionDuration``, 30 days by default) while
-    the application transaction versions stay in its checkpoints: a poller quiet for longer
-    still knows its sequence and fence, only not the positions, which matter only to catch the
-    checkpoint up after a crash between the two commits (then the engine says so).
-    """
-    app = batch_app(key)
-    for limit in HISTORY_WINDOW:
-        for commit in table.history(limit):
-            if commit.get("afdb.app") == app and commit.get("afdb.sequence") == str(sequence):
-                return dict(commit)
-    log_event(
-        logger,
-        logging.WARNING,
-        "sink_history_missing",
-        poller=key.poller,
-        namespace=key.namespace,
-        sequence=sequence,
-        note="the Delta log no longer holds this batch's commit; its positions are unknown",
-    )
-    return {}
-
-
-def _encode(position: Position | None) -> str:
-    return json.dumps(position.to_json() if position else None, sort_keys=True)
-
-
-def _decode(text: str | None) -> Position | None:
-    if text is None:
-        return None
-    data = json.loads(text)
-    return None if data is None else Position.from_json(data)
-
-
-def _rows(rows: Iterable[Mapping[str, Any] | Change]) -> list[Mapping[str, Any]]:
-    return [row.data if isinstance(row, Change) else row for row in rows]
