@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from benchmarks import (
     azurite_requests,
+    delta_sink,
     mysql_trigger_replay,
     pg_drain,
     pg_remote,
+    pg_sinks,
     spark_backfill,
     sqlite_flatness,
     sqlite_idle,
@@ -27,9 +29,11 @@ ALL: tuple[Benchmark, ...] = (
     sqlite_idle.BENCHMARK,
     sqlite_latency.BENCHMARK,
     sqlite_memory.BENCHMARK,
+    delta_sink.BENCHMARK,
     azurite_requests.BENCHMARK,
     pg_drain.BENCHMARK,
     pg_remote.BENCHMARK,
+    pg_sinks.BENCHMARK,
     spark_backfill.BENCHMARK,
     mysql_trigger_replay.BENCHMARK,
 )
