@@ -298,6 +298,9 @@ def _mark_finished(store: StateStore, engine: Engine, chunk: ChunkRange) -> bool
     comparison. Returns ``False`` if another attempt holds the lease (the caller retries).
     """
     cfg = engine.config
+    stored = store.read(cfg.key)
+    if stored is not None and chunk.finished(stored.checkpoint):
+        return True  # the last batch ended on `end` itself (the usual case): nothing to move
     claimer = Claimer(
         store, cfg.key, owner=engine.owner, duration=cfg.lease_duration, clock=engine.clock
     )

@@ -147,8 +147,27 @@ def test_a_chunk_commits_its_checkpoint_about_every_second_not_every_batch(
     assert planned is not None
     assert planned.finished(stored.checkpoint)
     assert stored.checkpoint.stats.rows == ROWS
-    # The fence, at least one commit during the run, the last one, the finished marker.
-    assert 4 <= store.writes[key] <= ROWS // BATCH // 4
+    # The fence, at least one commit during the run, the last one (which ends on the chunk's
+    # end: no separate finished marker).
+    assert 3 <= store.writes[key] <= ROWS // BATCH // 4
+
+
+def test_a_chunk_whose_last_row_is_gone_is_marked_finished_at_its_end(
+    app: Path, tmp_path: Path, pg: Db
+):
+    store = CountingStore(tmp_path / "state")
+    plan(app, store)
+    key = chunk_key("backfill", "orders", "c1", 0)
+    with pg.engine.begin() as conn:  # the planned end row is deleted before the chunk runs
+        conn.execute(sa.text(f"DELETE FROM {pg.qualified('orders')} WHERE id = {ROWS}"))
+    assert chunk(app, store) == ROWS - 1
+    stored = store.read(key)
+    assert stored is not None
+    planned = chunk_range(stored.checkpoint)
+    assert planned is not None
+    assert planned.end.pk == (ROWS,)
+    assert planned.finished(stored.checkpoint)  # moved to the end by the marker
+    assert chunk(app, store) == 0  # and a rerun finds it finished
 
 
 def test_a_failed_chunk_keeps_what_it_delivered_and_the_rerun_delivers_the_rest(
