@@ -4,7 +4,7 @@ keyset scans in parallel processes) and ``spark.read.jdbc``, same session.
 One ``local[2]`` Spark session (one JVM) with Debian's PostgreSQL JDBC jar, one ``orders`` table
 (``benchmarks/pg_fixture.py``: N = 1,000,000 rows, 100,000 with ``--quick``) and the same number
 of partitions P for every scan (2: one per task slot, SPEC §9's "N partitions on ``local[N]``").
-Per repetition, interleaved, in this order:
+Per repetition, interleaved, in this order, each after an untimed 1-s pause:
 
 - ``count``: ``spark.read.jdbc(..., column="id", lowerBound=1, upperBound=N + 1,
   numPartitions=P).count()``. Spark prunes every column (``SELECT 1 FROM ...``): a lower bound
@@ -71,6 +71,8 @@ JAR_ENV = "AFDB_BENCH_PG_JDBC_JAR"
 DEFAULT_JAR = "/usr/share/java/postgresql.jar"
 SPEC_TARGET = "SPEC §9: >= 0.80"
 RAW_TARGET = "SPEC §9, issue 31: >= 0.7"
+#: Untimed pause before each timed piece.
+SETTLE_SECONDS = 1.0
 COMMAND_TARGET = "issue 31: >= 0.5 on 1M rows"
 URL_SETTING = "AFDB_BENCH_SPARK_PG"
 
@@ -579,6 +581,9 @@ def run(ctx: Context) -> BenchmarkResult:  # noqa: PLR0915 - one linear report
                         f"whole command ({i + 1}/{ctx.repeats})"
                     )
                     for name, scan in work.items():
+                        # The JVM's collector and the exiting workers of the piece before (the
+                        # `python` scan leaves a large heap) would otherwise slow the next one.
+                        time.sleep(SETTLE_SECONDS)
                         loads.append(os.getloadavg()[0])
                         before = cpu_by_role(local)
                         samples[name].append(timed(scan))
