@@ -12,8 +12,13 @@ Violations (any one fails the soak):
     machine's monotonic clock) or stored in the checkpoint. Azurite forgets live leases when it
     restarts (Azure does not), so a call whose lease was dropped that way, between its grant
     and its start, is counted apart (``stale_after_lease_dropped``): no engine can see that
-    before it next talks to the store, and what must hold then is that the fence stops it:
-    ``stale_commits`` (a violation) counts such calls whose batch was committed anyway.
+    before it next talks to the store, and what must hold then is that the fence stops it once
+    the new owner has stored its fence in the checkpoint: ``stale_commits`` (a violation)
+    counts such calls whose batch was committed anyway although a higher fence was stored
+    (seen by the monitor, or committed by another process) before the call started. A grant
+    alone does not stop the old owner's commits: the new owner logs ``lease_acquired`` before
+    its fencing write, and a commit landing in between is one the fence came too late for
+    (``committed_before_fencing``, reported, not a violation; the new owner reads after it).
 (e) ``phantoms``: a delivered (id, version) that no writer committed (rolled back, aborted, or a
     COMMIT with an unknown outcome that the history table shows did not commit).
 (f) the ``SqlSink``: a (id, version) the handlers' sink transactions committed twice
@@ -54,7 +59,7 @@ import re
 import sys
 import zlib
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -104,6 +109,7 @@ class Report:
     stale_examples: list[str] = field(default_factory=list)
     stale_after_lease_dropped: int = 0
     stale_commits: int = 0
+    committed_before_fencing: int = 0
     harness: list[str] = field(default_factory=list)
     samples: int = 0
     sample_errors: int = 0
@@ -212,7 +218,8 @@ class Report:
             f"(b) regressions    {len(self.regressions)} {self.regressions[:2] or ''}",
             f"(c) stale calls    {self.stale_calls} {self.stale_examples[:2] or ''}",
             f"    lease dropped  {self.stale_after_lease_dropped} call(s) after Azurite forgot a "
-            f"live lease on restart (fence rejected them; stale commits: {self.stale_commits})",
+            f"live lease on restart (stale commits: {self.stale_commits}; committed before the "
+            f"new owner stored its fence: {self.committed_before_fencing})",
             f"(e) phantoms       {self.phantoms} {self.phantom_examples[:3] or ''}",
             f"(f) SqlSink        {self._sink_line()}",
             f"(g) quarantine     {self._quarantine_line()}",
@@ -330,6 +337,7 @@ def _check_one(folder: Path, shared: Path) -> Report:
         handlers.grants.append((float(s["t"]), int(s["lease_fence"])))
         if s.get("cp_fence") is not None:
             handlers.grants.append((float(s["t"]), int(s["cp_fence"])))
+            handlers.stored.append((float(s["t"]), int(s["cp_fence"])))
     restarts = [
         (float(f["t"]) - float(f.get("seconds", 0)), float(f["t"]))
         for f in faults
@@ -418,6 +426,8 @@ class _Handlers:
         self.delivered = Counter[Pair]()
         self.grants: list[tuple[float, int]] = []
         self.own_grants: list[tuple[float, int]] = []  # from the pollers' lease_acquired only
+        # Fences known to be stored in the checkpoint by then: monitor samples, commits.
+        self.stored: list[tuple[float, int]] = []
         # Per process, what became of each batch: committed, or stopped.
         self.ends: dict[int, list[dict[str, Any]]] = defaultdict(list)
         self.starts: list[dict[str, Any]] = []
@@ -440,6 +450,8 @@ class _Handlers:
             elif kind == "log" and ev.get("action") == "lease_acquired":
                 self.grants.append((float(ev["t"]), int(ev["fence"])))
                 self.own_grants.append((float(ev["t"]), int(ev["fence"])))
+            if kind == "log" and ev.get("action") == "batch_committed" and "fence" in ev:
+                self.stored.append((float(ev["t"]), int(ev["fence"])))
             if kind == "log" and ev.get("action") in _ENDS_OF_A_CALL:
                 self.ends[int(ev["pid"])].append(ev)
         report.handler_calls = len(self.starts)
@@ -454,25 +466,41 @@ def _stale_calls(
 ) -> None:
     """(c): a handler call that started after a higher fence was granted or stored."""
     granted_at = {fence: t for t, fence in handlers.own_grants}
-    grants = sorted(handlers.grants)
-    times = [t for t, _ in grants]
-    highest = list(itertools.accumulate((fence for _, fence in grants), max))
+    highest = _highest_by(handlers.grants)
+    stored = _highest_by(handlers.stored)
     for start in handlers.starts:
-        index = bisect.bisect_left(times, float(start["t"])) - 1
-        if index >= 0 and highest[index] > int(start["fence"]):
+        if highest(float(start["t"])) > int(start["fence"]):
             began = granted_at.get(int(start["fence"]), float(start["t"]))
             if any(r0 <= float(start["t"]) and r1 >= began for r0, r1 in restarts):
                 report.stale_after_lease_dropped += 1
-                # What must hold then: the fence stops that batch, it is never committed.
+                # What must hold then: once a higher fence is stored, the fence stops that
+                # batch: it is never committed.
                 if _committed_later(handlers, start):
-                    report.stale_commits += 1
+                    if stored(float(start["t"])) > int(start["fence"]):
+                        report.stale_commits += 1
+                    else:
+                        report.committed_before_fencing += 1
                 continue
             report.stale_calls += 1
             if len(report.stale_examples) < EXAMPLES:
                 report.stale_examples.append(
                     f"pid {start['pid']} started under fence {start['fence']} at "
-                    f"t={float(start['t']):.3f}; fence {highest[index]} was known by then"
+                    f"t={float(start['t']):.3f}; fence {highest(float(start['t']))} was known by "
+                    "then"
                 )
+
+
+def _highest_by(known: Sequence[tuple[float, int]]) -> Callable[[float], int]:
+    """``at(t)``: the highest fence among ``known`` (time, fence) seen before ``t`` (0: none)."""
+    ordered = sorted(known)
+    times = [t for t, _ in ordered]
+    highest = list(itertools.accumulate((fence for _, fence in ordered), max))
+
+    def at(t: float) -> int:
+        index = bisect.bisect_left(times, t) - 1
+        return highest[index] if index >= 0 else 0
+
+    return at
 
 
 def _committed_later(handlers: _Handlers, start: dict[str, Any]) -> bool:
