@@ -40,6 +40,7 @@ from typing import Any
 import pytest
 
 from azure_functions_db.core.checkpoint import PollerKey
+from azure_functions_db.core.commits import GROUP_BATCHES
 from azure_functions_db.core.ports import StoredCheckpoint
 from azure_functions_db.state.blob import BlobStateStore
 from azure_functions_db.state.table import TableStateStore
@@ -531,17 +532,29 @@ def assert_stale_owner_discarded(story: Frozen) -> Call:
     assert stale.end is not None
     assert stale.end >= story.resumed_at, "the handler finished after the resume"
     later = victim_calls[victim_calls.index(stale) + 1 :]
-    assert len(later) <= 1, later  # one batch ahead of the commit in flight, at most
+    # Group commit: batches handed over while the doomed commit was in flight, each after the
+    # one before, within the duplicate window (ten batches unacknowledged, the stale included).
+    assert len(later) <= GROUP_BATCHES - 1, later
+    previous = stale
     for extra in later:
-        assert extra.before == stale.after, (extra, stale)
+        assert extra.before == previous.after, (extra, previous)
         assert extra.start >= story.resumed_at
+        previous = extra
+    # Where the new owner found the record: the old owner's last commit that landed. Every
+    # batch the old owner handled after it is unacknowledged (with group commit, the batch
+    # before the stale one may be among them: it waited for the commit in flight).
+    first = calls(events, story.taker.pid)[0]
+    assert first.before is not None
+    unacked = [c for c in victim_calls if c.before is not None and c.before >= first.before]
+    assert stale in unacked
+    assert unacked[0].before == first.before
+    assert len(unacked) <= GROUP_BATCHES, unacked
     late = [
         e for e in logs(events, "batch_committed", story.victim.pid) if e["t"] >= story.resumed_at
     ]
     assert len(late) <= 1, late
-    if late:
-        previous = victim_calls[victim_calls.index(stale) - 1]
-        assert str(late[0]["position"]).endswith(f"pk=({previous.after[0]}))"), late
+    if late:  # reported only once the stale handler returned; landed before the takeover
+        assert str(late[0]["position"]).endswith(f"pk=({first.before[0]}))"), late
     # Nothing written at all after the resume: same record, same etag.
     assert story.after.etag == story.before.etag
     assert story.after.checkpoint == story.before.checkpoint
@@ -551,12 +564,12 @@ def assert_stale_owner_discarded(story: Frozen) -> Call:
     assert after.key >= before.key  # integer keys: Python orders them as the database does
     assert after.pk == (poller.rows,)
     assert story.after.checkpoint.fence == stale.fence + 1
-    first = calls(events, story.taker.pid)[0]
-    assert first.ids == stale.ids
+    assert first.ids == unacked[0].ids
     assert first.fence == stale.fence + 1
-    # The stale owner's handler did run to the end, so its batch is a duplicate, and so is the
-    # batch it handled while the doomed commit was in flight, if any.
-    expected = Counter(stale.ids) + Counter(i for extra in later for i in extra.ids)
+    # The stale owner's handlers did run to the end, so every batch it handled after its last
+    # commit is a duplicate: the stale one, the ones before it that waited for a commit, and
+    # those it handled while the doomed commit was in flight.
+    expected = Counter(i for c in unacked for i in c.ids)
     assert assert_every_row_delivered(poller, events) == expected
     took = logs(events, "lease_acquired", story.taker.pid)[0]
     granted = logs(events, "lease_acquired", story.victim.pid)[0]
@@ -777,9 +790,13 @@ def test_case_g_commit_that_never_left_is_redelivered_not_lost(
 
     events = poller.events()
     duplicates = assert_every_row_delivered(poller, events)
-    ahead = [c for c in calls(events, first.pid) if c.before == [20]]  # past the lost commit
-    assert len(ahead) <= (1 if pipeline == "1" else 0), ahead
-    expected = Counter(range(11, 21)) + Counter(i for c in ahead for i in c.ids)
+    # Every batch handed over after the last commit that landed (pk 10): the one whose commit
+    # was lost and, pipelined, those handled while it was in flight (group commit: within the
+    # duplicate window).
+    unacked = [c for c in calls(events, first.pid) if c.before is not None and c.before >= [10]]
+    assert unacked[0].ids == list(range(11, 21))
+    assert len(unacked) <= (GROUP_BATCHES if pipeline == "1" else 1), unacked
+    expected = Counter(i for c in unacked for i in c.ids)
     assert duplicates == expected, "exactly the unacknowledged batches, once more"
     assert calls(events, second.pid)[0].ids == list(range(11, 21))
     stored = assert_drained(poller)
@@ -827,8 +844,12 @@ def test_storage_answering_503_to_every_third_request_loses_nothing(
     tmp_path, azurite, azurite_container, children
 ):
     """ServerBusy on every third request of each kind (lease, checkpoint read, commit): the
-    SDK's retries absorb them; the run drains the table with no loss and no duplicate."""
-    poller = make_poller(tmp_path, "busy", azurite, azurite_container, 40, AZP_FAULT="busy:3")
+    SDK's retries absorb them; the run drains the table with no loss and no duplicate. Each
+    commit waited for (``pipeline=False``): group commit would write the batches handled while
+    a retried commit waits in one commit, and leave too few commits for a third to fail."""
+    poller = make_poller(
+        tmp_path, "busy", azurite, azurite_container, 40, AZP_FAULT="busy:3", AZP_PIPELINE="0"
+    )
     run = children.cli(poller, "run", "--once")
     assert children.wait(run) == 0, children.output(run)
     events = poller.events()
