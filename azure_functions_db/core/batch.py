@@ -111,6 +111,8 @@ class RowLayout(Protocol):
     @property
     def names(self) -> tuple[str, ...]: ...
     @property
+    def to_dict(self) -> Callable[[Sequence[Any]], dict[str, Any]]: ...
+    @property
     def cursor_of(self) -> Callable[[Sequence[Any]], tuple[Any, ...]]: ...
     @property
     def pk_of(self) -> Callable[[Sequence[Any]], tuple[Any, ...]]: ...
@@ -136,8 +138,10 @@ class RowData(Mapping[str, Any]):
 
     __slots__ = ("_row",)
     _row: Sequence[Any]
-    #: name -> index into the row; set on each source's subclass (see ``_classes``).
+    #: name -> index into the row, and ``row -> dict`` (the layout's ``to_dict``); set on each
+    #: source's subclass (see ``_classes``).
     _index: Mapping[str, int] = {}
+    _to_dict: Callable[[Sequence[Any]], dict[str, Any]] = staticmethod(lambda row: {})
 
     def __getitem__(self, key: str) -> Any:
         return self._row[self._index[key]]
@@ -157,8 +161,7 @@ class RowData(Mapping[str, Any]):
 
     def copy(self) -> dict[str, Any]:
         """The row as a new dict."""
-        row = self._row
-        return {name: row[index] for name, index in self._index.items()}
+        return self._to_dict(self._row)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, RowData):
@@ -275,7 +278,12 @@ def _classes(layout: RowLayout, poller: str) -> type[_RowChange]:
             data = type(
                 "RowData",
                 (RowData,),
-                {"__slots__": (), "__module__": __name__, "_index": index},
+                {
+                    "__slots__": (),
+                    "__module__": __name__,
+                    "_index": index,
+                    "_to_dict": staticmethod(layout.to_dict),
+                },
             )
             by_poller[poller] = type(
                 "Change",
