@@ -6,8 +6,11 @@ etag the previous one returned). Batches handed over while a commit is in flight
 it one at a time: they are grouped, and go together with the next commit once it landed (group
 commit, the default), as long as the rows not yet acknowledged stay within the duplicate window
 (:data:`GROUP_BATCHES` batches, or the rows of the last :data:`GROUP_SECONDS`, whichever is
-more); beyond it the run waits for the commit in flight. A fast store gets one commit per batch,
-a slow one fewer, larger commits, and the drain does not slow down to the store's pace. With
+more); beyond it the run waits for the commit in flight. With no commit in flight, a batch
+starts one only once :data:`PACE_BATCHES` batches are waiting or the oldest waited
+:data:`PACE_SECONDS` (the run's first batch at once): a fast store gets a commit per few
+batches rather than one per batch (each costs the local store two fsyncs), a slow one fewer,
+larger commits, and the drain does not slow down to the store's pace. With
 explicit coalescing (``checkpoint_every``/``checkpoint_seconds``) several batches share one
 commit even when nothing is in flight: their record is held back until enough rows or seconds
 went by. Either way a record held back is written at the latest before anything else happens to
@@ -43,6 +46,12 @@ GROUP_BATCHES = 10
 #: ... or while the oldest of them was handed over less than this many seconds ago (the rows of
 #: one second of work), whichever allows more.
 GROUP_SECONDS = 1.0
+#: Group commit's pace: with no commit in flight, batches wait for more until they are this many
+#: batches' worth of rows...
+PACE_BATCHES = 4
+#: ... or the oldest of them was handed over this many seconds ago (a fast store then writes a
+#: few commits per second of work instead of one per batch; the duplicate window is unchanged).
+PACE_SECONDS = 0.1
 
 #: Logs one structured event: ``log(level, action, **fields)``.
 LogEvent = Callable[..., None]
@@ -97,6 +106,8 @@ class CommitPipe:
         monotonic: Callable[[], float],
         group_rows: int | None = None,
         group_seconds: float = GROUP_SECONDS,
+        pace_rows: int = 0,
+        pace_seconds: float = PACE_SECONDS,
     ) -> None:
         self._claim = claim
         self._pipelined = pipelined
@@ -113,6 +124,9 @@ class CommitPipe:
         self._held_since = 0.0
         self._group_rows = group_rows
         self._group_seconds = group_seconds
+        self._pace_rows = pace_rows
+        self._pace_seconds = pace_seconds
+        self._submitted = False  # whether a commit was submitted in this run
 
     @property
     def checkpoint(self) -> Checkpoint:
@@ -166,12 +180,20 @@ class CommitPipe:
                 self._held.append(_Pending(batch, new, done, None, since=now))
                 self._held_rows += len(batch)
                 return
-        if not self._held:
-            self.submit(batch, new, done, since=now)
-            return
         self._held.append(_Pending(batch, new, done, None, since=now))
         self._held_rows += len(batch)
-        self._flush()
+        if in_flight or self._paced(now):
+            self._flush()
+
+    def _paced(self, now: float) -> bool:
+        """Whether the batches waiting are enough for a commit of their own (the run's first
+        batch always is: its commit starts at once; without the pipeline, every batch is)."""
+        return (
+            not self._pipelined
+            or not self._submitted
+            or self._held_rows >= self._pace_rows
+            or now - self._held[0].since >= self._pace_seconds
+        )
 
     def _flush(self) -> None:
         """Submit the batches held back as one commit (their last record)."""
@@ -194,6 +216,7 @@ class CommitPipe:
         ``done(landed)`` runs on this thread once it did (report, acknowledge, count)."""
         self._wait()
         self._claim.keeper.ensure_held()
+        self._submitted = True
         if not self._pipelined:
             # Written here and now, its outcome reported the same way as a pipelined one's.
             written: Future[float] = Future()
@@ -228,7 +251,8 @@ class CommitPipe:
             # after the next handler call.
             pending = self._pending
             if pending is None or pending.future is None or pending.future.done():
-                self._flush()
+                if self._paced(self._monotonic()):
+                    self._flush()
 
     def settle(self) -> None:
         """Commit the batches held back, wait for the commit in flight; report them, or raise

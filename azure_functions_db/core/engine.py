@@ -19,7 +19,12 @@ from azure_functions_db.core.batch import Batch, Change, RowChanges
 from azure_functions_db.core.checkpoint import Checkpoint
 from azure_functions_db.core.claim import Claim, Claimer, start_now
 from azure_functions_db.core.clock import Clock
-from azure_functions_db.core.commits import GROUP_BATCHES, CommitPipe, check_coalescing
+from azure_functions_db.core.commits import (
+    GROUP_BATCHES,
+    PACE_BATCHES,
+    CommitPipe,
+    check_coalescing,
+)
 from azure_functions_db.core.config import PollerConfig as PollerConfig  # noqa: PLC0414 - re-export
 from azure_functions_db.core.engine_health import HealthRuns
 from azure_functions_db.core.engine_poison import PoisonRuns, _QuarantineDue, describe_error
@@ -208,6 +213,7 @@ class Engine(PoisonRuns, HealthRuns):
             # The batch in the handler is not handed over yet: nine batches waiting or in flight
             # plus it make the ten a crash can deliver again.
             group_rows=(GROUP_BATCHES - 1) * cfg.batch_size,
+            pace_rows=PACE_BATCHES * cfg.batch_size,
         )
         failing = True
         try:

@@ -532,6 +532,60 @@ def test_group_commit_never_leaves_more_than_ten_batches_unacknowledged(
     assert stored(store).stats.batches == 50
 
 
+class CountingStore(MemoryStateStore):
+    """A memory store recording the position of every batch commit (a replace that moves it)."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock)
+        self.commits: list[int] = []
+
+    def replace(self, checkpoint: Checkpoint, etag: str) -> str:
+        current = self.read(checkpoint.key)
+        if current is not None and checkpoint.position != current.checkpoint.position:
+            assert checkpoint.position is not None
+            self.commits.append(checkpoint.position.pk[0])
+        return super().replace(checkpoint, etag)
+
+
+def test_group_commit_paces_a_fast_store_at_four_batches_a_commit(
+    orders: Orders, clock: FakeClock
+) -> None:
+    """No commit in flight and a store that answers at once: the run's first batch is committed
+    at once, later ones wait until four batches' worth (PACE_BATCHES) are waiting, so a fast
+    drain writes a commit per four batches, not one per batch; the last ones go at the end."""
+    orders.insert(range(1, 51))  # twelve batches of 4, then one of 2
+    store = CountingStore(clock)
+    report = make_engine(orders, store, lambda b: None, clock).run(SETTINGS)
+    assert report.rows == 50
+    assert store.commits[0] == 4 and store.commits[-1] == 50
+    steps = [b - a for a, b in zip([0, *store.commits], store.commits, strict=False)]
+    # Every commit but the first and the last acknowledges at least four batches (more when it
+    # also took the batches handed over while the one before was in flight).
+    assert all(step >= 4 * 4 for step in steps[1:-1]), store.commits
+    assert len(store.commits) <= 5, store.commits
+    assert stored(store).stats.batches == 13
+
+
+def test_group_commit_paces_slow_handlers_by_a_tenth_of_a_second(
+    orders: Orders, clock: FakeClock
+) -> None:
+    """Handlers taking 0.06 s each: a batch handed over waits for a commit at most PACE_SECONDS
+    (0.1 s) plus the handler call during which that time ran out, so a commit goes every third
+    batch, not every fourth (PACE_BATCHES): a crash delivers again the rows of about the last
+    tenth of a second, plus the batch in the handler."""
+    orders.insert(range(1, 41))  # ten batches of 4
+    store = CountingStore(clock)
+
+    def slow(batch: Batch) -> None:
+        clock.advance(0.06)
+
+    make_engine(orders, store, slow, clock).run(SETTINGS)
+    steps = [b - a for a, b in zip([0, *store.commits], store.commits, strict=False)]
+    assert store.commits[-1] == 40
+    assert max(steps) <= 3 * 4, store.commits  # never more than three batches a commit
+    assert 3 * 4 in steps, store.commits  # and batches did wait for a later commit
+
+
 def test_coalescing_is_refused_with_a_transactional_sink(orders: Orders, clock: FakeClock) -> None:
     from azure_functions_db.core.engine import Engine, PollerConfig
     from azure_functions_db.errors import ConfigurationError
