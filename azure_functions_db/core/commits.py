@@ -250,9 +250,9 @@ class CommitPipe:
             # Group commit: batches waiting for a commit that landed meanwhile go now, not
             # after the next handler call.
             pending = self._pending
-            if pending is None or pending.future is None or pending.future.done():
-                if self._paced(self._monotonic()):
-                    self._flush()
+            landed = pending is None or pending.future is None or pending.future.done()
+            if landed and self._paced(self._monotonic()):
+                self._flush()
 
     def settle(self) -> None:
         """Commit the batches held back, wait for the commit in flight; report them, or raise

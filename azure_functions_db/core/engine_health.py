@@ -14,7 +14,13 @@ from azure_functions_db.core.config import PollerConfig
 from azure_functions_db.core.engine_poison import describe_error
 from azure_functions_db.core.liveness import RunOutcome, next_health, write_health
 from azure_functions_db.core.observe import LAG_CAP, RunReport, cursor_age, run_error_status
-from azure_functions_db.core.ports import BacklogSource, Horizon, Source, StateStore
+from azure_functions_db.core.ports import (
+    BacklogSource,
+    Horizon,
+    Source,
+    StateStore,
+    StoredCheckpoint,
+)
 from azure_functions_db.core.position import Position
 from azure_functions_db.errors import CheckpointConflictError, LeaseLostError
 
@@ -31,6 +37,8 @@ class HealthRuns:
     store: StateStore
     clock: Clock
     _backlog: BacklogSource | None
+    #: The health record as this engine last wrote it (its next write goes over it unread).
+    _health_known: StoredCheckpoint | None = None
     _zone: dt.tzinfo
     _retrying: Any
 
@@ -114,13 +122,16 @@ class HealthRuns:
                 lambda before: next_health(
                     before, outcome, stall_after=cfg.stall_after, stall_runs=cfg.stall_runs
                 ),
+                known=self._health_known,
             )
         except Exception as exc:  # noqa: BLE001 - liveness must not change the run's outcome
+            self._health_known = None
             self._log(logging.DEBUG, "health_not_recorded", error=describe_error(exc))
             return
+        self._health_known = None if written is None else written.stored
         if written is None:
             return
-        before, after = written
+        before, after = written.before, written.after
         report.health = after.state
         report.last_success = after.last_success_at
         if (before.state if before else "healthy") == after.state:

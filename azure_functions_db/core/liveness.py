@@ -23,7 +23,7 @@ import datetime as dt
 from collections.abc import Callable
 
 from azure_functions_db.core.checkpoint import Checkpoint, PollerKey, RunHealth
-from azure_functions_db.core.ports import CheckpointStore
+from azure_functions_db.core.ports import CheckpointStore, StoredCheckpoint
 from azure_functions_db.errors import CheckpointConflictError, RecordExistsError
 
 #: The suffix of a health record's name (``orders~health``); ``~`` is not allowed in poller names.
@@ -41,30 +41,48 @@ def read_health(store: CheckpointStore, key: PollerKey) -> RunHealth | None:
     return stored.checkpoint.health if stored is not None else None
 
 
+@dataclasses.dataclass(frozen=True)
+class HealthWritten:
+    """A health record written: the health before and after, and the record as stored now (to
+    write the next one over without reading it first)."""
+
+    before: RunHealth | None
+    after: RunHealth
+    stored: StoredCheckpoint
+
+
 def write_health(
     store: CheckpointStore,
     key: PollerKey,
     update: Callable[[RunHealth | None], RunHealth],
     *,
     tries: int = 3,
-) -> tuple[RunHealth | None, RunHealth] | None:
+    known: StoredCheckpoint | None = None,
+) -> HealthWritten | None:
     """Apply ``update`` to the stored health by compare-and-set, retrying a lost race.
 
-    Returns (before, after), or ``None`` when every try lost a race to another writer.
+    ``known``: the record as this process last wrote it; the first try writes over it without
+    reading (a warm worker's run saves a request), and if anyone wrote it since, the
+    compare-and-set refuses it and the next try reads the record. ``None`` when every try lost
+    a race to another writer.
     """
     where = health_key(key)
-    for _ in range(tries):
-        stored = store.read(where)
+    stored = known
+    for tried in range(tries):
+        if stored is None or tried:
+            stored = store.read(where)
         before = stored.checkpoint.health if stored is not None else None
         after = update(before)
         try:
             if stored is None:
-                store.create(Checkpoint(key=where, health=after))
+                record = Checkpoint(key=where, health=after)
+                etag = store.create(record)
             else:
-                store.replace(stored.checkpoint.with_health(after), stored.etag)
+                record = stored.checkpoint.with_health(after)
+                etag = store.replace(record, stored.etag)
         except (CheckpointConflictError, RecordExistsError):
             continue
-        return before, after
+        return HealthWritten(before, after, StoredCheckpoint(checkpoint=record, etag=etag))
     return None
 
 

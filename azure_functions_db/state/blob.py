@@ -330,8 +330,11 @@ class BlobStateStore:
         seconds = _lease_seconds(duration)
         blob = self._blob(self.lease_name(key))
         lease = BlobLeaseClient(blob, lease_id=str(uuid.uuid4()))
+        created: list[str] = []  # the etag of the lease blob, when this call created it
         try:
-            self._with_lease_blob(blob, key, lambda: lease.acquire(lease_duration=seconds))
+            self._with_lease_blob(
+                blob, key, lambda: lease.acquire(lease_duration=seconds), created=created
+            )
         except ResourceExistsError:
             return None  # LeaseAlreadyPresent: a live lease is held by someone else
         except HttpResponseError as exc:
@@ -342,14 +345,7 @@ class BlobStateStore:
             raise translate_error(exc, _BLOB, "acquire the lease of", key) from exc
         try:
             with translated(_BLOB, "raise the fence of", key):
-                props = blob.get_blob_properties(lease=lease)
-                fence = _fence_of(props.metadata, key) + 1
-                blob.set_blob_metadata(
-                    {"fence": str(fence), "owner": _ascii(owner)},
-                    lease=lease,
-                    etag=props.etag,
-                    match_condition=MatchConditions.IfNotModified,
-                )
+                fence = _raise_fence(blob, lease, key, owner, created[0] if created else None)
         except BaseException:
             _quietly(lease.release)
             raise
@@ -442,27 +438,73 @@ class BlobStateStore:
             key=key,
         )
 
-    def _with_lease_blob(self, blob: BlobClient, key: PollerKey, call: Callable[[], T]) -> T:
-        """Run ``call``; if the lease blob (or its container) is missing, create it first.
+    def _with_lease_blob(
+        self, blob: BlobClient, key: PollerKey, call: Callable[[], T], *, created: list[str]
+    ) -> T:
+        """Run ``call``; if the lease blob (or its container) is missing, create it first (the
+        container straight away when the service said it is the one missing: one failed
+        request fewer on a poller's first run) and append its etag to ``created``.
 
         SDK errors of ``call`` reach the caller untranslated: it decides what a conflict means.
         """
         try:
             return call()
-        except ResourceNotFoundError:
-            pass
+        except ResourceNotFoundError as exc:
+            container_missing = error_code(exc) == "ContainerNotFound"
+        if container_missing:
+            with (
+                suppress(ResourceExistsError),
+                translated(_BLOB, "create the container of the lease of", key),
+            ):
+                self.container.create_container()
         try:
-            self._in_container(
+            result = self._in_container(
                 lambda: blob.upload_blob(b"", overwrite=False, metadata={"fence": "0"}),
                 "create the lease blob of",
                 key,
             )
+            created.append(str(result["etag"]))
         except ResourceExistsError:
             pass  # another instance created it first
         except HttpResponseError as exc:
             if error_code(exc) != "LeaseIdMissing":  # it exists, already leased
                 raise
         return call()
+
+
+def _raise_fence(
+    blob: BlobClient, lease: BlobLeaseClient, key: PollerKey, owner: str, created: str | None
+) -> int:
+    """Raise the fence of the lease blob whose lease ``lease`` holds; the new fence.
+
+    ``created``: the etag of the blob as this acquire created it, with fence 0. Acquiring a lease
+    does not change a blob's etag, so a write conditional on it succeeds only if nobody wrote
+    the blob since (no other owner raised the fence in between): fence 1 without reading the
+    blob first. Otherwise (or when the blob existed) the fence is read, and written back raised
+    on the etag it was read with.
+    """
+    metadata = {"owner": _ascii(owner)}
+    if created is not None:
+        try:
+            blob.set_blob_metadata(
+                {"fence": "1", **metadata},
+                lease=lease,
+                etag=created,
+                match_condition=MatchConditions.IfNotModified,
+            )
+        except ResourceModifiedError:
+            pass  # written since it was created: read the fence it holds now
+        else:
+            return 1
+    props = blob.get_blob_properties(lease=lease)
+    fence = _fence_of(props.metadata, key) + 1
+    blob.set_blob_metadata(
+        {"fence": str(fence), **metadata},
+        lease=lease,
+        etag=props.etag,
+        match_condition=MatchConditions.IfNotModified,
+    )
+    return fence
 
 
 def _ascii(text: str) -> str:

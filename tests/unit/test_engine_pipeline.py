@@ -557,7 +557,8 @@ def test_group_commit_paces_a_fast_store_at_four_batches_a_commit(
     store = CountingStore(clock)
     report = make_engine(orders, store, lambda b: None, clock).run(SETTINGS)
     assert report.rows == 50
-    assert store.commits[0] == 4 and store.commits[-1] == 50
+    assert store.commits[0] == 4
+    assert store.commits[-1] == 50
     steps = [b - a for a, b in zip([0, *store.commits], store.commits, strict=False)]
     # Every commit but the first and the last acknowledges at least four batches (more when it
     # also took the batches handed over while the one before was in flight).

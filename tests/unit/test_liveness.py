@@ -7,6 +7,7 @@ import dataclasses
 import datetime as dt
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +19,7 @@ from azure_functions_db.core.liveness import (
     judged_now,
     next_health,
     read_health,
+    write_health,
 )
 from azure_functions_db.errors import HandlerError
 from azure_functions_db.ops.status import poller_status
@@ -179,3 +181,55 @@ def test_a_run_by_hand_is_not_judged_by_its_schedule() -> None:
     assert next_health(h2, run(20), stall_after=150, stall_runs=5).last_error is None
     scheduled = next_health(None, run(0), stall_after=150, stall_runs=5)
     assert judged_now(scheduled, T + dt.timedelta(hours=5), 150)[0] == "stalled"
+
+
+class ReadCounting(MemoryStateStore):
+    """A memory store counting the reads of the health record."""
+
+    health_reads = 0
+
+    def read(self, key: PollerKey) -> Any:
+        if key == health_key(KEY):
+            self.health_reads += 1
+        return super().read(key)
+
+
+def test_a_warm_engine_writes_its_health_record_without_reading_it_first(
+    tmp_path: Path,
+) -> None:
+    """The engine keeps the health record it wrote: its next run writes over it by
+    compare-and-set without reading it (one storage request fewer a run in a warm worker). When
+    another instance wrote the record meanwhile, the write over the old etag is refused and the
+    record is read, then written."""
+    orders = Orders(tmp_path / "orders.db")
+    orders.insert(range(1, 5))
+    clock = FakeClock()
+    store = ReadCounting(clock)
+    engine = make_engine(orders, store, lambda batch: None, clock, stall_after=60.0)
+    engine.run(SETTINGS)
+    assert store.health_reads == 1  # the first run reads (and creates) it
+    clock.advance(10)
+    engine.run(SETTINGS)
+    assert store.health_reads == 1  # the second writes over what the first wrote
+    # Another instance's failed run writes the record.
+    other = write_health(
+        store,
+        KEY,
+        lambda before: next_health(before, run(0, ok=False), stall_after=60.0, stall_runs=3),
+    )
+    assert other is not None
+    assert other.after.last_status == "failed"
+    clock.advance(10)
+    reads = store.health_reads
+    report = engine.run(SETTINGS)
+    assert store.health_reads == reads + 1  # refused over the stale etag, read, written
+    health = read_health(store, KEY)
+    assert health is not None
+    assert health.last_status == "caught_up"
+    assert health.last_run_at == report_time(clock)
+    assert report.status == "caught_up"
+    orders.close()
+
+
+def report_time(clock: FakeClock) -> dt.datetime:
+    return clock.now()
