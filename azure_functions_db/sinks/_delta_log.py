@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import logging
+import operator
 import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from azure_functions_db.core.batch import Change
+from azure_functions_db.core.batch import Batch, Change, RowData
 from azure_functions_db.core.checkpoint import PollerKey
 from azure_functions_db.core.logs import log_event
 from azure_functions_db.core.ports import SinkMark
@@ -132,4 +133,30 @@ def decode_position(text: str | None) -> Position | None:
 
 
 def row_mappings(rows: Iterable[Mapping[str, Any] | Change]) -> list[Mapping[str, Any]]:
+    if isinstance(rows, Batch):
+        return list(map(_DATA, rows))
     return [row.data if isinstance(row, Change) else row for row in rows]
+
+
+_DATA = operator.attrgetter("data")
+_ROW = operator.attrgetter("_row")
+
+
+def view_shape(rows: Sequence[Mapping[str, Any]]) -> type[RowData] | None:
+    """The one :class:`RowData` class every row is a view of (a batch's changes from a SQL
+    source, which share one name -> index map and so their columns), or ``None``."""
+    classes = set(map(type, rows))
+    if len(classes) != 1:
+        return None
+    shape = classes.pop()
+    return shape if issubclass(shape, RowData) else None
+
+
+def view_columns(
+    rows: Sequence[Mapping[str, Any]], shape: type[RowData], names: Iterable[str]
+) -> list[list[Any]]:
+    """The values of each of ``names`` in ``rows`` (views of ``shape``), column by column,
+    read straight from the driver rows under the views: what ``[row[name] for row in rows]``
+    gives, without a Python call per value."""
+    tuples = list(map(_ROW, rows))
+    return [list(map(operator.itemgetter(shape._index[name]), tuples)) for name in names]

@@ -52,6 +52,8 @@ from azure_functions_db.sinks._delta_log import (
     fence_app,
     read_mark,
     row_mappings,
+    view_columns,
+    view_shape,
 )
 from azure_functions_db.sources import urls
 
@@ -406,10 +408,12 @@ class DeltaSink:
         import pyarrow as pa
 
         schema = arrow_schema(table)
-        present: set[str] = set()
-        named = present.update
-        for row in rows:
-            named(row)  # the keys of every row, at C speed for dicts
+        shape = view_shape(rows) if extra is None and rows else None
+        present: set[str] = set(rows[0]) if shape is not None else set()
+        if shape is None:
+            named = present.update
+            for row in rows:
+                named(row)  # the keys of every row, at C speed for dicts
         unknown = sorted(present - set(schema.names) - {extra})
         if unknown:
             raise ConfigurationError(
@@ -419,6 +423,11 @@ class DeltaSink:
         fields = [f for f in schema if f.name in present] or list(schema)
         if extra is not None:
             fields.append(pa.field(extra, pa.string()))
+        if shape is not None and present:
+            # Views of one source's rows (a batch's changes): each column read from the
+            # driver rows in C, converted as `from_pylist` converts it.
+            columns = view_columns(rows, shape, [f.name for f in fields])
+            return pa.Table.from_arrays(columns, schema=pa.schema(fields))
         # Column-wise from the mappings themselves (a read-only view works as a dict does).
         return pa.Table.from_pylist(rows, schema=pa.schema(fields))
 

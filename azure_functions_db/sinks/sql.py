@@ -24,6 +24,7 @@ import datetime as dt
 import json
 import logging
 import threading
+import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -125,6 +126,8 @@ class SqlSink:
                 self._scrub,
                 connect_timeout=self.options.connect_timeout,
             )
+            if _resets_on_return(url, self.options.engine_options):
+                _reset_unless_ended(engine)
             if self._credential is not None:
                 entra.sign_in_with_tokens(engine, self._credential, self._masked)
             positions = _position_table(self.options.position_table, self.options.db_schema)
@@ -229,15 +232,17 @@ class SqlSink:
             conn.execute(sa.insert(positions).values(**_fresh(key, batch.fence), **values))
             return mark
         # Compare-and-set: atomic in every database, whatever its locking reads do (SQL Server's
-        # dialect renders no FOR UPDATE); `seen.fence <= batch.fence` was checked above.
+        # dialect renders no FOR UPDATE); `seen.fence <= batch.fence` was checked above. One
+        # statement object for every batch, so SQLAlchemy builds and keys it once.
         written = conn.execute(
-            sa.update(positions)
-            .where(
-                _is(positions, key),
-                positions.c.fence == seen.fence,
-                positions.c.sequence == seen.sequence,
-            )
-            .values(**values)
+            _compare_and_set(positions),
+            {
+                **values,
+                "w_namespace": key.namespace,
+                "w_poller": key.poller,
+                "w_fence": seen.fence,
+                "w_sequence": seen.sequence,
+            },
         )
         if written.rowcount != 1:
             # A locking read sees the newest committed record, also under MySQL's REPEATABLE
@@ -303,6 +308,16 @@ class SqlSink:
         if engine.dialect.name != "sqlite":
             with engines.transaction(engine) as conn:
                 yield conn
+                try:
+                    conn.commit()
+                except BaseException:
+                    # SQLAlchemy counts a transaction whose commit failed as ended, and the
+                    # pool would not roll it back: drop the connection, its transaction (if the
+                    # server still had one open) goes with it.
+                    conn.invalidate()
+                    raise
+                # Nothing for the pool to roll back when it takes the connection back.
+                conn.info[_ENDED] = True
             return
         # pysqlite runs our connections in autocommit (isolation_level None): take the write
         # lock at BEGIN, so a claim and a batch cannot both read the record before writing.
@@ -374,10 +389,42 @@ def _transactional(url: sa.URL) -> dict[str, Any]:
 
     Switching an autocommit connection into a transaction and back costs round trips per
     batch on some drivers (PyMySQL: ``SET autocommit`` twice and the isolation level). Not on
-    SQLite, whose connections stay in autocommit for the sink's own ``BEGIN IMMEDIATE``."""
+    SQLite, whose connections stay in autocommit for the sink's own ``BEGIN IMMEDIATE``.
+    The pool's rollback of every connection it takes back is left to
+    :func:`_reset_unless_ended`."""
     if url.get_backend_name() == "sqlite":
         return {}
-    return {"isolation_level": None, "skip_autocommit_rollback": False}
+    return {
+        "isolation_level": None,
+        "skip_autocommit_rollback": False,
+        "pool_reset_on_return": None,
+    }
+
+
+#: ``Connection.info`` key: the sink's transaction on this connection ended with its commit.
+_ENDED = "afdb_sink_transaction_ended"
+
+
+def _resets_on_return(url: sa.URL, engine_options: Mapping[str, Any]) -> bool:
+    """Whether the sink's engine leaves the reset of returned connections to
+    :func:`_reset_unless_ended`: not on SQLite, nor when ``engine_options`` set
+    ``pool_reset_on_return`` themselves."""
+    return url.get_backend_name() != "sqlite" and "pool_reset_on_return" not in engine_options
+
+
+def _reset_unless_ended(engine: sa.Engine) -> None:
+    """The pool's reset of a connection it takes back (a ``ROLLBACK``, as SQLAlchemy's default
+    ``pool_reset_on_return="rollback"`` does), except after a sink transaction whose commit
+    returned: nothing is open then, and PyMySQL (and pyodbc) would send the ``ROLLBACK`` to
+    the server anyway, a round trip per batch. Every other way back to the pool (a failed
+    commit, a handler's error, a read) is rolled back as before; a failed rollback makes the
+    pool discard the connection."""
+
+    @sa.event.listens_for(engine, "reset")
+    def _reset(dbapi_connection: Any, record: Any, state: Any) -> None:
+        if record.info.pop(_ENDED, False) or state.transaction_was_reset:
+            return
+        engine.dialect.do_rollback(dbapi_connection)
 
 
 def _position_table(name: str, schema: str | None) -> sa.Table:
@@ -395,6 +442,26 @@ def _position_table(name: str, schema: str | None) -> sa.Table:
         schema=schema,
         mysql_engine="InnoDB",
     )
+
+
+_CAS: weakref.WeakKeyDictionary[sa.Table, sa.Update] = weakref.WeakKeyDictionary()
+
+
+def _compare_and_set(positions: sa.Table) -> sa.Update:
+    """The mark's ``UPDATE``: the columns of its parameters set where the record is the one
+    named by ``w_namespace``/``w_poller`` and still holds ``w_fence``/``w_sequence``. Built
+    once per position table (a statement built per batch costs SQLAlchemy more than the
+    statement costs the database)."""
+    statement = _CAS.get(positions)
+    if statement is None:
+        statement = sa.update(positions).where(
+            positions.c.namespace == sa.bindparam("w_namespace"),
+            positions.c.poller == sa.bindparam("w_poller"),
+            positions.c.fence == sa.bindparam("w_fence"),
+            positions.c.sequence == sa.bindparam("w_sequence"),
+        )
+        _CAS[positions] = statement
+    return statement
 
 
 def _is(positions: sa.Table, key: PollerKey) -> sa.ColumnElement[bool]:

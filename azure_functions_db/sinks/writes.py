@@ -12,14 +12,14 @@ import re
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 
-from azure_functions_db.core.batch import Change
+from azure_functions_db.core.batch import Batch, Change, RowData
 from azure_functions_db.errors import ConfigurationError, SinkError, TransientSinkError
 from azure_functions_db.sources.transience import is_transient
 
@@ -96,14 +96,14 @@ class SqlWriter:
 
     def insert(self, table: str, rows: Rows) -> int:
         """Insert ``rows`` (mappings, or the batch's changes); the number inserted."""
-        target, data = self._prepared(table, rows)
+        target, data, shape = self._prepared(table, rows)
         if data:
-            self._many(sa.insert(target), data, ("insert",))
+            self._many(sa.insert(target), data, ("insert",), shape)
         return len(data)
 
     def upsert(self, table: str, rows: Rows, *, key: Sequence[str] | None = None) -> int:
         """Insert ``rows`` or update the ones whose ``key`` exists (default: the primary key)."""
-        target, data = self._prepared(table, rows)
+        target, data, shape = self._prepared(table, rows)
         if not data:
             return 0
         columns = list(data[0])
@@ -116,14 +116,14 @@ class SqlWriter:
             )
         statement, bind = upsert_statement(self._conn.dialect, target, columns, keys)
         if bind is _same:
-            self._many(statement, data, ("upsert", *keys))
+            self._many(statement, data, ("upsert", *keys), shape)
         else:
             self._conn.execute(statement, [bind(row) for row in data])
         return len(data)
 
     def delete(self, table: str, rows: Rows, *, key: Sequence[str] | None = None) -> int:
         """Delete the rows whose ``key`` (default: the primary key) matches one of ``rows``."""
-        target, data = self._prepared(table, rows, whole=False)
+        target, data, _ = self._prepared(table, rows, whole=False)
         if not data:
             return 0
         keys = self._key(target, key)
@@ -141,23 +141,41 @@ class SqlWriter:
 
     # -- helpers -----------------------------------------------------------------------------
 
-    def _many(self, statement: Any, data: list[Mapping[str, Any]], kind: tuple[str, ...]) -> None:
-        """Run ``statement`` for every row of ``data`` (one driver ``executemany``)."""
+    def _many(
+        self,
+        statement: Any,
+        data: list[Mapping[str, Any]],
+        kind: tuple[str, ...],
+        shape: type[RowData] | None,
+    ) -> None:
+        """Run ``statement`` for every row of ``data`` (one driver ``executemany``); ``shape``:
+        the one :class:`RowData` class every row is a view of, if they are."""
         dialect = self._conn.dialect
         plan = driver_statement(dialect, statement, kind, tuple(data[0]))
         if plan is None:
             self._conn.execute(statement, data)
         else:
-            self._conn.exec_driver_sql(plan.sql, [plan.values(row) for row in data])
+            self._conn.exec_driver_sql(plan.sql, plan.rows(data, shape))
 
     def _prepared(
         self, table: str, rows: Rows, *, whole: bool = True
-    ) -> tuple[sa.Table, list[Mapping[str, Any]]]:
+    ) -> tuple[sa.Table, list[Mapping[str, Any]], type[RowData] | None]:
+        """The target, the rows as mappings (checked), and the one :class:`RowData` class
+        every row is a view of (a batch's changes from a SQL source), or ``None``."""
         target = self.table(table)
-        data = [row.data if isinstance(row, Change) else row for row in rows]
+        if isinstance(rows, Batch):
+            data: list[Mapping[str, Any]] = list(map(_DATA, rows))
+        else:
+            data = [row.data if isinstance(row, Change) else row for row in rows]
         known = set(target.c.keys())
+        classes = set(map(type, data))
+        shape = next(iter(classes)) if len(classes) == 1 else None
+        if shape is None or not issubclass(shape, RowData):
+            shape = None
+        # Views of one source's rows have the same columns (one name -> index map per RowData
+        # class): checking the first checks them all.
         columns: set[str] | None = None
-        for row in data:
+        for row in data[:1] if shape is not None else data:
             if not isinstance(row, Mapping):
                 raise ConfigurationError(
                     f"Rows written to `{table}` must be mappings of column to value (or the "
@@ -178,7 +196,7 @@ class SqlWriter:
                     f"Rows written to `{table}` must all have the same columns: one has "
                     f"{sorted(names)}, the first {sorted(columns)}."
                 )
-        return target, data
+        return target, data, shape
 
     @staticmethod
     def _key(target: sa.Table, key: Sequence[str] | None) -> list[str]:
@@ -204,6 +222,10 @@ def _same(row: Mapping[str, Any]) -> Mapping[str, Any]:
     return row
 
 
+_DATA = operator.attrgetter("data")
+_ROW = operator.attrgetter("_row")
+
+
 #: The (dialect, driver) pairs whose statements the writer may hand to the driver itself.
 DIRECT_DRIVERS = frozenset(
     {
@@ -222,6 +244,33 @@ class DriverStatement:
 
     sql: str
     values: Callable[[Mapping[str, Any]], tuple[Any, ...]]
+    #: The statement's columns in bind order.
+    order: tuple[str, ...] = ()
+    _by_shape: weakref.WeakKeyDictionary[type[RowData], Callable[[Any], tuple[Any, ...]]] = field(
+        default_factory=weakref.WeakKeyDictionary, compare=False, repr=False
+    )
+
+    def rows(
+        self, data: Sequence[Mapping[str, Any]], shape: type[RowData] | None = None
+    ) -> list[tuple[Any, ...]]:
+        """Each row's values in bind order. When every row is a view of one :class:`RowData`
+        class (``shape``), straight from the driver rows under the views, through one index
+        getter per class (what ``view[name]`` reads, without a lookup per value)."""
+        if shape is None or not self.order:
+            return list(map(self.values, data))
+        getter = self._by_shape.get(shape)
+        if getter is None:
+            getter = _getter(tuple(shape._index[name] for name in self.order))
+            self._by_shape[shape] = getter
+        return list(map(getter, map(_ROW, data)))
+
+
+def _getter(keys: tuple[Any, ...]) -> Callable[[Any], tuple[Any, ...]]:
+    """``operator.itemgetter(*keys)``, a tuple also for one key."""
+    getter = operator.itemgetter(*keys)
+    if len(keys) == 1:
+        return lambda row: (getter(row),)
+    return getter
 
 
 _PLANS: weakref.WeakKeyDictionary[sa.Table, dict[tuple[Any, ...], DriverStatement | None]] = (
@@ -275,10 +324,7 @@ def _compiled(
         return None
     if len(order) != len(columns) or set(order) != set(columns):
         return None  # bind names SQLAlchemy escaped, or a bind of its own
-    getter = operator.itemgetter(*order)
-    if len(order) == 1:
-        return DriverStatement(sql, lambda row: (getter(row),))
-    return DriverStatement(sql, getter)
+    return DriverStatement(sql, _getter(tuple(order)), tuple(order))
 
 
 def upsert_statement(
