@@ -413,9 +413,7 @@ class SqlSource:
 
     def _reflect(self, conn: sa.Connection) -> sa.Table:
         try:
-            return sa.Table(
-                self._table_name, sa.MetaData(), schema=self._schema, autoload_with=conn
-            )
+            return config.reflect_table(conn, self._table_name, self._schema)
         except sa_exc.NoSuchTableError:
             existing = sa.inspect(conn).get_table_names(schema=self._schema)
         raise config.missing_table(

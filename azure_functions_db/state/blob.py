@@ -56,9 +56,9 @@ from azure_functions_db.errors import (
     ConfigurationError,
     LeaseLostError,
     RecordExistsError,
-    StateStoreError,
 )
 from azure_functions_db.state import _common
+from azure_functions_db.state._blob_fence import fence_of, lease_seconds, raise_fence
 from azure_functions_db.state.storage import (
     CLIENT_OPTIONS,
     DEFAULT_CONNECTION,
@@ -327,7 +327,7 @@ class BlobStateStore:
 
     def acquire(self, key: PollerKey, owner: str, duration: float) -> LeaseGrant | None:
         """See :meth:`azure_functions_db.core.ports.LeaseManager.acquire`."""
-        seconds = _lease_seconds(duration)
+        seconds = lease_seconds(duration)
         blob = self._blob(self.lease_name(key))
         lease = BlobLeaseClient(blob, lease_id=str(uuid.uuid4()))
         created: list[str] = []  # the etag of the lease blob, when this call created it
@@ -345,7 +345,7 @@ class BlobStateStore:
             raise translate_error(exc, _BLOB, "acquire the lease of", key) from exc
         try:
             with translated(_BLOB, "raise the fence of", key):
-                fence = _raise_fence(blob, lease, key, owner, created[0] if created else None)
+                fence = raise_fence(blob, lease, key, owner, created[0] if created else None)
         except BaseException:
             _quietly(lease.release)
             raise
@@ -391,7 +391,7 @@ class BlobStateStore:
                 props = blob.get_blob_properties()
         except ResourceNotFoundError:
             return LeaseInfo(key=key, state="free", holder=None, fence=0)
-        fence = _fence_of(props.metadata, key)
+        fence = fence_of(props.metadata, key)
         if props.lease.status == "locked":
             return LeaseInfo(key=key, state="held", holder=props.metadata.get("owner"), fence=fence)
         return LeaseInfo(key=key, state="free", holder=None, fence=fence)
@@ -470,67 +470,6 @@ class BlobStateStore:
             if error_code(exc) != "LeaseIdMissing":  # it exists, already leased
                 raise
         return call()
-
-
-def _raise_fence(
-    blob: BlobClient, lease: BlobLeaseClient, key: PollerKey, owner: str, created: str | None
-) -> int:
-    """Raise the fence of the lease blob whose lease ``lease`` holds; the new fence.
-
-    ``created``: the etag of the blob as this acquire created it, with fence 0. Acquiring a lease
-    does not change a blob's etag, so a write conditional on it succeeds only if nobody wrote
-    the blob since (no other owner raised the fence in between): fence 1 without reading the
-    blob first. Otherwise (or when the blob existed) the fence is read, and written back raised
-    on the etag it was read with.
-    """
-    metadata = {"owner": _ascii(owner)}
-    if created is not None:
-        try:
-            blob.set_blob_metadata(
-                {"fence": "1", **metadata},
-                lease=lease,
-                etag=created,
-                match_condition=MatchConditions.IfNotModified,
-            )
-        except ResourceModifiedError:
-            pass  # written since it was created: read the fence it holds now
-        else:
-            return 1
-    props = blob.get_blob_properties(lease=lease)
-    fence = _fence_of(props.metadata, key) + 1
-    blob.set_blob_metadata(
-        {"fence": str(fence), **metadata},
-        lease=lease,
-        etag=props.etag,
-        match_condition=MatchConditions.IfNotModified,
-    )
-    return fence
-
-
-def _ascii(text: str) -> str:
-    # Metadata values must be ASCII; the owner is informational only.
-    return text.encode("ascii", "replace").decode("ascii")[:256]
-
-
-def _lease_seconds(duration: float) -> int:
-    seconds = int(duration)
-    if seconds != duration or not 15 <= seconds <= 60:
-        raise ConfigurationError(
-            f"`lease_duration={duration!r}` cannot be an Azure blob lease: use a whole number "
-            "of seconds from 15 to 60 (e.g. `lease_duration=30`)."
-        )
-    return seconds
-
-
-def _fence_of(metadata: Mapping[str, str], key: PollerKey) -> int:
-    text = metadata.get("fence", "0")
-    if not text.isdigit():
-        raise StateStoreError(
-            f"The lease blob of poller `{key.poller}` (namespace `{key.namespace}`) has a "
-            f"corrupt fence `{text}` in its metadata. Stop every instance of the poller and set "
-            "`fence` to the fence shown by `afdb status` for its checkpoint (or higher)."
-        )
-    return int(text)
 
 
 def _lost(grant: LeaseGrant, detail: str) -> LeaseLostError:

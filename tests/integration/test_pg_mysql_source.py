@@ -220,6 +220,31 @@ def test_latest_and_seek_from_a_parsed_cursor(db, opened):
     assert [r.position.pk[0] for r in drain(source, 2, bound)] == [0, 1, 2, 3, 4, 5]
 
 
+def test_the_reflected_primary_key_keeps_its_own_order_and_the_columns_their_types(db, opened):
+    """The source reflects columns and the primary key alone (no full autoload): a key declared
+    ``(b, a)`` over columns ``a, b`` stays ``(b, a)`` (checkpoints store it in that order), a
+    column name with a space and capitals is read, and the text column keeps its type."""
+    columns = [
+        sa.Column("a", sa.Integer, autoincrement=False),
+        sa.Column("b", sa.Integer, autoincrement=False),
+        sa.Column("Note Mixed", sa.String(40)),
+        sa.Column("updated_at", micro_datetime(db)),
+        sa.PrimaryKeyConstraint("b", "a"),
+    ]
+    rows = [
+        {"a": a, "b": b, "Note Mixed": f"n{a}{b}", "updated_at": T0}
+        for a, b in [(2, 1), (1, 2), (1, 1), (2, 2)]
+    ]
+    db.table("keyorder", columns, rows, index=["updated_at", "b", "a"])
+    source = open_source(opened, db, "keyorder", "updated_at")
+    assert source.description.pk == ("b", "a")
+    assert source.description.columns == ("a", "b", "Note Mixed", "updated_at")
+    read = drain(source, 3)
+    assert [r.position.pk for r in read] == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert [r.data["Note Mixed"] for r in read] == ["n11", "n21", "n12", "n22"]
+    assert isinstance(source._require_open().table.c["Note Mixed"].type, sa.String)
+
+
 def test_parse_cursor_per_postgres_type(pg, opened):
     columns = [
         sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
