@@ -216,10 +216,12 @@ def run_chunk(
     """
     began = time.monotonic()
     key = chunk_key(namespace, definition.name, run_id, index)
-    chunk = _chunk_of(store, key.poller, namespace)
+    stored = store.read(key)  # one read: the planned range and whether the chunk is done
+    chunk = chunk_range(stored.checkpoint) if stored is not None else None
+    if stored is None or chunk is None:
+        raise _unplanned(store, key)
     result = ChunkResult(index=index, status="skipped", attempt=attempt)
-    stored = store.read(key)
-    if stored is not None and chunk.finished(stored.checkpoint):
+    if chunk.finished(stored.checkpoint):
         return result
     # The chunk keeps its own record, but its batches are the poller's: `batch.poller` and every
     # `event_id` are the same as live polling's for the same row version. A poison batch fails
@@ -278,16 +280,12 @@ def run_chunk(
     )
 
 
-def _chunk_of(store: StateStore, name: str, namespace: str) -> ChunkRange:
-    stored = store.read(PollerKey(namespace=namespace, poller=name))
-    chunk = chunk_range(stored.checkpoint) if stored is not None else None
-    if chunk is None:
-        raise SourceError(
-            f"Backfill chunk `{namespace}/{name}` has no planned range in the state store "
-            f"({store.describe()}): the run was not planned there. Start the backfill from "
-            "its driver (`afdb backfill`), which plans the chunks first."
-        )
-    return chunk
+def _unplanned(store: StateStore, key: PollerKey) -> SourceError:
+    return SourceError(
+        f"Backfill chunk `{key.namespace}/{key.poller}` has no planned range in the state "
+        f"store ({store.describe()}): the run was not planned there. Start the backfill from "
+        "its driver (`afdb backfill`), which plans the chunks first."
+    )
 
 
 def _mark_finished(store: StateStore, engine: Engine, chunk: ChunkRange) -> bool:

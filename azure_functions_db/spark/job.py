@@ -6,6 +6,7 @@ notebook's ``spark`` session). See ``docs/backfill.md``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import logging
@@ -20,11 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from azure_functions_db.core.logs import log_event
-from azure_functions_db.core.ports import StateStore
+from azure_functions_db.core.ports import Source, StateStore
 from azure_functions_db.core.position import KeyValue, Position
-from azure_functions_db.errors import BackfillError, ConfigurationError
+from azure_functions_db.errors import BackfillError, ConfigurationError, SourceError
 from azure_functions_db.runtime.poller import PollerDefinition
 from azure_functions_db.runtime.settings import STATE_DIR_SETTING
+from azure_functions_db.sources import SqlSource
 from azure_functions_db.spark.chunk import ChunkResult
 from azure_functions_db.spark.plan import parse_bounds, prepare_run
 from azure_functions_db.spark.records import (
@@ -34,7 +36,13 @@ from azure_functions_db.spark.records import (
     chunk_key,
     unfinished_runs,
 )
-from azure_functions_db.spark.task import ChunkTask, app_settings, run_chunk_task
+from azure_functions_db.spark.task import (
+    AppVersion,
+    ChunkTask,
+    app_settings,
+    app_version,
+    run_chunk_task,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +165,7 @@ def backfill(
     """
     began = time.monotonic()
     env = dict(os.environ if settings is None else settings)
-    spec, definition = _resolve(app, poller)
+    spec, definition = _driver_definition(app, poller, env)
     loaded_here = not isinstance(app, PollerDefinition)
     if namespace == definition.config.namespace:
         raise ConfigurationError(
@@ -214,8 +222,10 @@ def backfill(
         )
         watcher = _Watcher(store, record, chunks, progress, progress_interval)
         shipped = tuple(sorted(app_settings(env).items()))
+        version = app_version(spec)
         tasks = [
-            ChunkTask(spec, definition.name, namespace, run_id, c.index, shipped) for c in pending
+            ChunkTask(spec, definition.name, namespace, run_id, c.index, shipped, version)
+            for c in pending
         ]
         results = _run_tasks(context, tasks, watcher, run_id)
         rows_total, batches = _finish(store, record, definition.clock.now())
@@ -223,7 +233,7 @@ def backfill(
         if owned:
             session.stop()
         if loaded_here:
-            source.close()  # the driver's connections; executors keep their own
+            _release(source)  # the driver's connections; executors keep their own
     report = BackfillReport(
         poller=definition.name,
         namespace=namespace,
@@ -275,6 +285,63 @@ def _run_tasks(
     finally:
         watcher.stop()
     return results
+
+
+@dataclass(frozen=True)
+class _DriverApp:
+    """An app a ``backfill()`` call of this process loaded, and what it was loaded from."""
+
+    spec: str
+    version: AppVersion
+    settings: tuple[tuple[str, str], ...]
+    definition: PollerDefinition
+
+
+#: The apps ``backfill()`` loaded in this driver process, by the app and poller it was given.
+#: Another call with the same app file (same modification time and size) and the same settings
+#: uses the same definition and its source, already open: a notebook's next backfill does not
+#: import the app and reflect the table again (Spark's workers keep theirs the same way).
+_driver_apps: dict[tuple[str, str | None], _DriverApp] = {}
+_driver_lock = threading.Lock()
+
+
+def _driver_definition(
+    app: str | os.PathLike[str] | PollerDefinition, poller: str | None, env: Mapping[str, str]
+) -> tuple[str, PollerDefinition]:
+    """:func:`_resolve`, loading an app given by its path or module once per version and
+    settings in this process (a changed file or other settings load it again)."""
+    if isinstance(app, PollerDefinition):
+        return _resolve(app, poller)
+    key = (os.fspath(app), poller)
+    settings = tuple(sorted(env.items()))
+    with _driver_lock:
+        known = _driver_apps.get(key)
+        if (
+            known is not None
+            and known.settings == settings
+            and known.version == app_version(known.spec)
+        ):
+            return known.spec, known.definition
+        if known is not None:  # the app or the settings changed: let the old source go
+            del _driver_apps[key]
+            known.definition.source.close()
+        spec, definition = _resolve(app, poller)
+        _driver_apps[key] = _DriverApp(spec, app_version(spec), settings, definition)
+        return spec, definition
+
+
+def _release(source: Source) -> None:
+    """Give the driver's database connections back at the end of a backfill.
+
+    A :class:`SqlSource` stays open (its reflected table is kept for the next backfill of the
+    same app in this process) with its connection pool emptied, so no idle connection is left
+    for the server to drop; other sources are closed.
+    """
+    if isinstance(source, SqlSource):
+        with contextlib.suppress(SourceError):  # not open: nothing to give back
+            source.engine.dispose()
+    else:
+        source.close()
 
 
 def _resolve(
