@@ -190,11 +190,14 @@ def bind_to(where: ColumnElement[bool], table: sa.Table, qualified: str) -> Colu
     return visitors.replacement_traverse(where, {}, replace)
 
 
-def reflect_table(conn: sa.Connection, name: str, schema: str | None) -> sa.Table:
-    """The table's columns (name, type with its collation, nullability) and primary key, in
-    the key's own order: what a source reads. Two reflection queries instead of a full
-    ``autoload`` (indexes, foreign keys, unique and check constraints, comments, options:
-    eight), which cost a new worker's first run about 60 ms more on PostgreSQL. Raises
+def reflect_table(
+    conn: sa.Connection, name: str, schema: str | None, *, primary_key: bool
+) -> sa.Table:
+    """The table's columns (name, type with its collation, nullability) and, when
+    ``primary_key``, its primary key in the key's own order: what a source reads. One or two
+    reflection queries instead of a full ``autoload`` (indexes, foreign keys, unique and check
+    constraints, comments, options: eight), which cost a new worker's first run about 60 ms
+    more on PostgreSQL (the primary key's query alone about 20 ms). Raises
     ``NoSuchTableError``."""
     inspector = sa.inspect(conn)
     columns = []
@@ -202,9 +205,11 @@ def reflect_table(conn: sa.Connection, name: str, schema: str | None) -> sa.Tabl
         column: dict[str, Any] = dict(reflected)
         options = {k: column[k] for k in ("nullable", "quote", "key") if k in column}
         columns.append(sa.Column(column["name"], column["type"], **options))
-    primary_key = inspector.get_pk_constraint(name, schema=schema)
-    key = [column for column in primary_key.get("constrained_columns") or () if column]
-    constraints = [sa.PrimaryKeyConstraint(*key)] if key else []
+    constraints = []
+    if primary_key:
+        found = inspector.get_pk_constraint(name, schema=schema).get("constrained_columns")
+        key = [column for column in found or () if column]
+        constraints = [sa.PrimaryKeyConstraint(*key)] if key else []
     return sa.Table(name, sa.MetaData(), *columns, *constraints, schema=schema)
 
 

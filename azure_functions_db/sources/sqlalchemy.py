@@ -413,7 +413,10 @@ class SqlSource:
 
     def _reflect(self, conn: sa.Connection) -> sa.Table:
         try:
-            return config.reflect_table(conn, self._table_name, self._schema)
+            # The primary key only when `pk=` does not name the key.
+            return config.reflect_table(
+                conn, self._table_name, self._schema, primary_key=self._pk_names is None
+            )
         except sa_exc.NoSuchTableError:
             existing = sa.inspect(conn).get_table_names(schema=self._schema)
         raise config.missing_table(
