@@ -6,13 +6,11 @@ notebook's ``spark`` session). See ``docs/backfill.md``.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as dt
 import logging
 import os
 import re
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -21,13 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from azure_functions_db.core.logs import log_event
-from azure_functions_db.core.ports import Source, StateStore
+from azure_functions_db.core.ports import StateStore
 from azure_functions_db.core.position import KeyValue, Position
-from azure_functions_db.errors import BackfillError, ConfigurationError, SourceError
+from azure_functions_db.errors import BackfillError, ConfigurationError
 from azure_functions_db.runtime.poller import PollerDefinition
 from azure_functions_db.runtime.settings import STATE_DIR_SETTING
-from azure_functions_db.sources import SqlSource
-from azure_functions_db.spark.chunk import ChunkResult
+from azure_functions_db.spark._apps import driver_definition, release
+from azure_functions_db.spark._session import session_for
+from azure_functions_db.spark.chunk import ChunkResult, reads_ahead
 from azure_functions_db.spark.plan import parse_bounds, prepare_run
 from azure_functions_db.spark.records import (
     ChunkRange,
@@ -36,13 +35,7 @@ from azure_functions_db.spark.records import (
     chunk_key,
     unfinished_runs,
 )
-from azure_functions_db.spark.task import (
-    AppVersion,
-    ChunkTask,
-    app_settings,
-    app_version,
-    run_chunk_task,
-)
+from azure_functions_db.spark.task import ChunkTask, app_settings, app_version, run_chunk_task
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +158,7 @@ def backfill(
     """
     began = time.monotonic()
     env = dict(os.environ if settings is None else settings)
-    spec, definition = _driver_definition(app, poller, env)
+    spec, definition = driver_definition(app, poller, env)
     loaded_here = not isinstance(app, PollerDefinition)
     if namespace == definition.config.namespace:
         raise ConfigurationError(
@@ -188,7 +181,7 @@ def backfill(
     source = definition.source
     source.open(env)
     source.check()
-    session, owned = _session(spark, master)
+    session, owned = session_for(spark, master)
     try:
         context = session.sparkContext
         partitions = partitions or 2 * int(context.defaultParallelism)
@@ -222,9 +215,9 @@ def backfill(
         )
         watcher = _Watcher(store, record, chunks, progress, progress_interval)
         shipped = tuple(sorted(app_settings(env).items()))
-        version = app_version(spec)
+        version, ahead = app_version(spec), reads_ahead(source)
         tasks = [
-            ChunkTask(spec, definition.name, namespace, run_id, c.index, shipped, version)
+            ChunkTask(spec, definition.name, namespace, run_id, c.index, shipped, version, ahead)
             for c in pending
         ]
         results = _run_tasks(context, tasks, watcher, run_id)
@@ -233,7 +226,7 @@ def backfill(
         if owned:
             session.stop()
         if loaded_here:
-            _release(source)  # the driver's connections; executors keep their own
+            release(source)  # the driver's connections; executors keep their own
     report = BackfillReport(
         poller=definition.name,
         namespace=namespace,
@@ -285,162 +278,6 @@ def _run_tasks(
     finally:
         watcher.stop()
     return results
-
-
-@dataclass(frozen=True)
-class _DriverApp:
-    """An app a ``backfill()`` call of this process loaded, and what it was loaded from."""
-
-    spec: str
-    version: AppVersion
-    settings: tuple[tuple[str, str], ...]
-    definition: PollerDefinition
-
-
-#: The apps ``backfill()`` loaded in this driver process, by the app and poller it was given.
-#: Another call with the same app file (same modification time and size) and the same settings
-#: uses the same definition and its source, already open: a notebook's next backfill does not
-#: import the app and reflect the table again (Spark's workers keep theirs the same way).
-_driver_apps: dict[tuple[str, str | None], _DriverApp] = {}
-_driver_lock = threading.Lock()
-
-
-def _driver_definition(
-    app: str | os.PathLike[str] | PollerDefinition, poller: str | None, env: Mapping[str, str]
-) -> tuple[str, PollerDefinition]:
-    """:func:`_resolve`, loading an app given by its path or module once per version and
-    settings in this process (a changed file or other settings load it again)."""
-    if isinstance(app, PollerDefinition):
-        return _resolve(app, poller)
-    key = (os.fspath(app), poller)
-    settings = tuple(sorted(env.items()))
-    with _driver_lock:
-        known = _driver_apps.get(key)
-        if (
-            known is not None
-            and known.settings == settings
-            and known.version == app_version(known.spec)
-        ):
-            return known.spec, known.definition
-        if known is not None:  # the app or the settings changed: let the old source go
-            del _driver_apps[key]
-            known.definition.source.close()
-        spec, definition = _resolve(app, poller)
-        _driver_apps[key] = _DriverApp(spec, app_version(spec), settings, definition)
-        return spec, definition
-
-
-def _release(source: Source) -> None:
-    """Give the driver's database connections back at the end of a backfill.
-
-    A :class:`SqlSource` stays open (its reflected table is kept for the next backfill of the
-    same app in this process) with its connection pool emptied, so no idle connection is left
-    for the server to drop; other sources are closed.
-    """
-    if isinstance(source, SqlSource):
-        with contextlib.suppress(SourceError):  # not open: nothing to give back
-            source.engine.dispose()
-    else:
-        source.close()
-
-
-def _resolve(
-    app: str | os.PathLike[str] | PollerDefinition, poller: str | None
-) -> tuple[str, PollerDefinition]:
-    """The importable app spec for the executors, and the poller's definition on the driver."""
-    from azure_functions_db.runtime.loader import load_pollers
-
-    if isinstance(app, PollerDefinition):
-        module = sys.modules.get(getattr(app.handler, "__module__", "") or "")
-        path = getattr(module, "__file__", None)
-        if module is None or module.__name__ == "__main__" or path is None:
-            raise ConfigurationError(
-                f"Poller `{app.name}` is defined in `__main__` (a notebook or script), which "
-                "Spark executors cannot import: define it in a module or function_app.py and "
-                "pass that path to backfill()."
-            )
-        return str(Path(path).resolve()), app
-    text = os.fspath(app)
-    module_part, colon, attr = text.partition(":")
-    spec = text
-    if Path(module_part).exists():
-        spec = str(Path(module_part).resolve()) + colon + attr
-    pollers = load_pollers(spec)
-    if poller is None:
-        if len(pollers) != 1:
-            raise ConfigurationError(
-                f"`{text}` defines {len(pollers)} pollers ({', '.join(sorted(pollers))}): "
-                "name one with `--poller`."
-            )
-        (poller,) = pollers
-    if poller not in pollers:
-        raise ConfigurationError(
-            f"Unknown poller `{poller}` in `{text}`; defined: {', '.join(sorted(pollers))}"
-        )
-    return spec, pollers[poller]
-
-
-def _session(spark: Any, master: str) -> tuple[Any, bool]:
-    """The session to use, and whether this call created it (and must stop it)."""
-    if spark is not None:
-        return spark, False
-    try:
-        from pyspark.sql import SparkSession
-    except ImportError as exc:
-        raise ConfigurationError(
-            "The backfill runs on Spark, which needs the `spark` extra: "
-            "`pip install 'afdb[spark]'` (and Java 17)."
-        ) from exc
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        return active, False
-    # Under spark-submit (which starts this Python with a gateway to its JVM) its --master wins.
-    submitted = "PYSPARK_GATEWAY_PORT" in os.environ
-    if master.startswith("local") and not submitted:
-        # Executors are local Python workers: the same interpreter (with this package) and the
-        # loopback address (machines whose host name does not resolve).
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    builder = SparkSession.builder.appName("afdb-backfill").config(
-        "spark.ui.showConsoleProgress", "false"
-    )
-    if not submitted:
-        builder = builder.master(master)
-        for name, value in local_session_conf(master, os.environ).items():
-            builder = builder.config(name, value)
-    session = builder.getOrCreate()
-    return session, True
-
-
-#: JVM options of a local session the backfill starts: its JVM only schedules the chunk tasks
-#: (rows never pass through it), and Spark's start, first job and stop took about 5 s instead
-#: of 8 with them (`afdb backfill` of 1M rows on 2 loaded cores).
-LOCAL_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-
-#: The Spark settings of a local session the backfill starts, unless the user set them: the
-#: quick JVM above, and no web UI (its server took 0.5-1.2 s of the session's start here; the
-#: command shows its own progress).
-LOCAL_SESSION_CONF = {
-    "spark.driver.extraJavaOptions": LOCAL_JAVA_OPTIONS,
-    "spark.ui.enabled": "false",
-}
-
-
-def local_session_conf(master: str, environ: Mapping[str, str]) -> dict[str, str]:
-    """The settings of :data:`LOCAL_SESSION_CONF` for a local session this process starts that
-    the user does not set (in ``spark-defaults.conf``); none when the user sets Spark's
-    arguments (``PYSPARK_SUBMIT_ARGS``) or the master is not local (a cluster's driver JVM
-    does more than schedule, and its UI is how the cluster is watched)."""
-    if not master.startswith("local") or "PYSPARK_SUBMIT_ARGS" in environ:
-        return {}
-    conf_dir = environ.get("SPARK_CONF_DIR") or (
-        str(Path(environ["SPARK_HOME"]) / "conf") if environ.get("SPARK_HOME") else None
-    )
-    defaults = ""
-    if conf_dir is not None:
-        with contextlib.suppress(OSError):  # no such file: nothing configured there
-            defaults = (Path(conf_dir) / "spark-defaults.conf").read_text(errors="replace")
-    return {name: value for name, value in LOCAL_SESSION_CONF.items() if name not in defaults}
 
 
 def _unfinished_run(store: StateStore, namespace: str, poller: str, *, bounded: bool) -> str | None:

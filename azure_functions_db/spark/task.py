@@ -95,6 +95,8 @@ class ChunkTask:
     settings: tuple[tuple[str, str], ...] = field(repr=False)  # holds secrets
     #: The driver's version of the app file: a worker that loaded another version loads it again.
     app_version: AppVersion = None
+    #: Whether the chunk reads ahead (``chunk.reads_ahead`` of the driver's open source).
+    read_ahead: bool = True
 
 
 _applied: set[str] = set()
@@ -192,4 +194,5 @@ def _run(task: ChunkTask) -> ChunkResult:
         run_id=task.run_id,
         index=task.index,
         attempt=attempt,
+        read_ahead=task.read_ahead,
     )

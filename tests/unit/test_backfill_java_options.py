@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from azure_functions_db.spark.job import LOCAL_JAVA_OPTIONS, local_session_conf
+from azure_functions_db.spark._session import LOCAL_JAVA_OPTIONS, local_session_conf
 
 QUICK = {"spark.driver.extraJavaOptions": LOCAL_JAVA_OPTIONS, "spark.ui.enabled": "false"}
 

@@ -11,7 +11,7 @@ import pytest
 
 from azure_functions_db.runtime import loader
 from azure_functions_db.sources import SqlSource
-from azure_functions_db.spark import job, task
+from azure_functions_db.spark import _apps, task
 from tests.support.sqlite_orders import Orders
 
 APP = textwrap.dedent(
@@ -36,8 +36,8 @@ def app(tmp_path: Path) -> Iterator[Path]:
     path = tmp_path / "function_app.py"
     path.write_text(APP)
     yield path
-    for key in [k for k in job._driver_apps if k[0] == str(path)]:
-        job._driver_apps.pop(key).definition.source.close()
+    for key in [k for k in _apps._driver_apps if k[0] == str(path)]:
+        _apps._driver_apps.pop(key).definition.source.close()
     for loaded in [k for k in task._loaded if k[0] == str(path)]:
         task._loaded.pop(loaded).source.close()
 
@@ -72,11 +72,11 @@ def _changed(path: Path) -> None:
 
 
 def test_the_driver_loads_an_unchanged_app_once_and_keeps_its_source_open(app, settings, loads):
-    _, first = job._driver_definition(app, "orders", settings)
+    _, first = _apps.driver_definition(app, "orders", settings)
     first.source.open(settings)
-    job._release(first.source)
+    _apps.release(first.source)
 
-    _, again = job._driver_definition(app, "orders", settings)
+    _, again = _apps.driver_definition(app, "orders", settings)
 
     assert again is first
     assert len(loads) == 1
@@ -87,11 +87,11 @@ def test_the_driver_loads_an_unchanged_app_once_and_keeps_its_source_open(app, s
 
 
 def test_a_changed_app_file_is_loaded_again_and_the_old_source_closed(app, settings, loads):
-    _, first = job._driver_definition(app, "orders", settings)
+    _, first = _apps.driver_definition(app, "orders", settings)
     first.source.open(settings)
     _changed(app)
 
-    _, again = job._driver_definition(app, "orders", settings)
+    _, again = _apps.driver_definition(app, "orders", settings)
 
     assert again is not first
     assert len(loads) == 2
@@ -100,10 +100,10 @@ def test_a_changed_app_file_is_loaded_again_and_the_old_source_closed(app, setti
 
 
 def test_other_settings_load_the_app_again(app, settings, loads, tmp_path):
-    _, first = job._driver_definition(app, "orders", settings)
+    _, first = _apps.driver_definition(app, "orders", settings)
     other = Orders(tmp_path / "other.db")
     try:
-        _, again = job._driver_definition(app, "orders", {"LOADED_DB": other.url})
+        _, again = _apps.driver_definition(app, "orders", {"LOADED_DB": other.url})
     finally:
         other.close()
 
