@@ -241,12 +241,13 @@ def run(ctx: Context) -> BenchmarkResult:
     result.note(
         "Each drain is one Engine.run with local state from an empty store into an empty Delta "
         "table (its creation not timed). The handlers build each batch's Arrow table with "
-        "pa.Table.from_pylist over the changes' data; DeltaSink builds its own from the rows "
-        "given to writer.insert. With a sink, the engine lands each checkpoint commit before "
-        "the next batch's sink transaction starts (its exactly-once rule: a sink holds at most "
-        "one batch the checkpoint does not); without one the commit overlaps the next batch's "
-        "handler. That wait is most of what the sink's wall time adds (its CPU per row is the "
-        "baseline's), and it grows with the machine's load."
+        "pa.Table.from_pylist over the changes' data; DeltaSink builds its own when the handler "
+        "calls writer.insert (straight from the driver rows under the changes' data). With a "
+        "sink, the engine lands the checkpoint commit of the batch before (in flight while the "
+        "handler ran) before the batch's Delta commit (its exactly-once rule: a sink holds at "
+        "most one batch the checkpoint does not); without one the checkpoint commits overlap "
+        "everything. Since the Delta commit is most of a batch and comes after that wait, the "
+        "wait is most of what the sink's wall time adds, and it grows with the machine's load."
     )
     return result
 

@@ -28,9 +28,10 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from azure_functions_db.core.batch import Batch, Change
@@ -64,6 +65,27 @@ COMMIT_ATTEMPTS = 30
 _OP = "_afdb_op"
 
 
+def _converted(writer: DeltaWriter | None, schema: Any) -> Any:
+    """The Arrow table of ``writer.appended`` from the tables its inserts converted, if they
+    hold every row, in the columns and types of ``schema`` (the table's at the commit; another
+    writer may have changed it since); ``None`` otherwise."""
+    if writer is None or not writer.tables:
+        return None
+    tables = writer.tables
+    if sum(t.num_rows for t in tables) != len(writer.appended):
+        return None
+    for field in (f for t in tables for f in t.schema):
+        if field.name not in schema.names or schema.field(field.name) != field:
+            return None
+    if len(tables) == 1:
+        return tables[0]
+    import pyarrow as pa
+
+    # Inserts of other columns: each one's missing columns are null, in the table's order.
+    joined = pa.concat_tables(tables, promote_options="default")
+    return joined.select([name for name in schema.names if name in joined.column_names])
+
+
 class DeltaWriter:
     """The handler's side of a :class:`DeltaSink` batch: the rows of one Delta commit.
 
@@ -73,16 +95,28 @@ class DeltaWriter:
     returns; then the rows and the batch's position commit together.
     """
 
-    def __init__(self, key: tuple[str, ...] | None) -> None:
+    def __init__(
+        self,
+        key: tuple[str, ...] | None,
+        arrow: Callable[[Sequence[Mapping[str, Any]]], Any] | None = None,
+    ) -> None:
         self._key = key
+        self._arrow = arrow
         self.appended: list[Mapping[str, Any]] = []
         self.merged: dict[tuple[Any, ...], tuple[str, Mapping[str, Any]]] = {}
+        #: Without a key, the Arrow tables of ``appended``, one per ``insert`` (see ``insert``).
+        self.tables: list[Any] = []
 
     def insert(self, rows: Iterable[Mapping[str, Any] | Change]) -> int:
         """Append ``rows`` (mappings, or the batch's changes: their ``data``). With a key, a
         later write of the same key in this batch replaces it."""
         data = row_mappings(rows)
         if self._key is None:
+            if self._arrow is not None and data:
+                # Converted now, inside the handler: the engine then waits for the checkpoint
+                # commit of the batch before (the sink commits only once it landed), and the
+                # Delta commit after it has only the write left to do.
+                self.tables.append(self._arrow(data))
             self.appended.extend(data)
             return len(data)
         return self._merge("insert", data)
@@ -243,7 +277,9 @@ class DeltaSink:
         if seen is not None and seen.holds(batch, sequence):
             yield None
             return
-        writer = DeltaWriter(self.options.key)
+        with self._state.lock:
+            schema = arrow_schema(self._loaded())
+        writer = DeltaWriter(self.options.key, partial(self._arrow, schema))
         yield writer
         metadata = {
             "afdb.app": batch_app(key),
@@ -360,9 +396,9 @@ class DeltaSink:
                     self._merge(table, writer, props)
                     return True
                 if appended:
-                    deltalake.write_deltalake(
-                        table, self._arrow(table, appended), mode="append", commit_properties=props
-                    )
+                    schema = arrow_schema(table)
+                    data = _converted(writer, schema) or self._arrow(schema, appended)
+                    deltalake.write_deltalake(table, data, mode="append", commit_properties=props)
                 else:
                     table.create_write_transaction(
                         [], mode="append", schema=table.schema(), commit_properties=props
@@ -383,8 +419,9 @@ class DeltaSink:
     def _merge(self, table: Any, writer: DeltaWriter, props: Any) -> None:
         key = writer._key or ()
         rows = [{**row, _OP: op} for op, row in writer.merged.values()]
-        columns = [name for name in arrow_schema(table).names]
-        source = self._arrow(table, rows, extra=_OP)
+        schema = arrow_schema(table)
+        columns = list(schema.names)
+        source = self._arrow(schema, rows, extra=_OP)
         quoted = {c: f"`{c}`" for c in columns}
         predicate = " AND ".join(f"t.{quoted[k]} = s.{quoted[k]}" for k in key)
         present = [c for c in columns if c in source.column_names]
@@ -401,13 +438,13 @@ class DeltaSink:
         merger.execute()
 
     def _arrow(
-        self, table: Any, rows: Sequence[Mapping[str, Any]], extra: str | None = None
+        self, schema: Any, rows: Sequence[Mapping[str, Any]], extra: str | None = None
     ) -> Any:
-        """The rows as one Arrow table of the table's columns that any row names (a row
-        without one of them holds null there); a column the table does not have is refused."""
+        """The rows as one Arrow table of the columns of ``schema`` (the table's) that any row
+        names (a row without one of them holds null there); a column the table does not have
+        is refused."""
         import pyarrow as pa
 
-        schema = arrow_schema(table)
         shape = view_shape(rows) if extra is None and rows else None
         present: set[str] = set(rows[0]) if shape is not None else set()
         if shape is None:

@@ -171,3 +171,29 @@ def test_delta_sink_checks_rows_of_several_sources_one_by_one(tmp_path: Path) ->
 
     with pytest.raises(ConfigurationError, match="has no column `extra`"):
         insert_wider()
+
+
+def test_delta_writer_converts_each_insert_in_the_handler(tmp_path: Path) -> None:
+    """The Arrow table of an ``insert`` is built when the handler calls it (the commit after
+    the engine's wait has only the write left): a column the table lacks is refused by that
+    call, and inserts of other columns commit as one table, null where a row has none."""
+    sink = delta_sink(tmp_path / "t")
+    one = source_batch(("id", "name", "at"), [(1, "a", T0), (2, "b", None)])
+    fewer = source_batch(("at", "id"), [(T0, 3)])
+    plain = [{"id": 4, "name": "d"}]
+    wider = source_batch(("id", "name", "at", "extra"), [(5, "e", T0, 0)])
+    with sink.transaction(KEY, one, 1) as writer:
+        assert writer is not None
+        writer.insert(one)
+        writer.insert(fewer)
+        with pytest.raises(ConfigurationError, match="has no column `extra`"):
+            writer.insert(wider)
+        writer.insert(plain)
+    table = DeltaTable(str(tmp_path / "t")).to_pyarrow_table()
+    assert table.schema == DELTA_SCHEMA
+    assert table.sort_by("id").to_pylist() == [
+        {"id": 1, "name": "a", "at": T0},
+        {"id": 2, "name": "b", "at": None},
+        {"id": 3, "name": None, "at": T0},
+        {"id": 4, "name": "d", "at": None},
+    ]
