@@ -24,7 +24,11 @@ Per repetition, interleaved, in this order, each after an untimed 1-s pause:
   (``benchmarks/raw_parallel.py``; the processes are started and warmed beforehand);
 - ``command``: the whole ``afdb backfill APP --poller orders --partitions P --master local[2]
   --json`` command in a new process (Python's start-up, the app's import, a new Spark session
-  and its JVM, planning, the job, stopping Spark), a fresh run id every time.
+  and its JVM, planning, the job, stopping Spark), a fresh run id every time;
+- ``spark_floor``: what such a command pays whatever the table: a new process that imports the
+  package, starts the local session the command would start (``session_for``: its quick JVM
+  options, no web UI), runs one empty job of 2 tasks (cold Python workers) and stops it. The
+  raw scans' time over it is the most the command's ratio could reach while it starts Spark.
 
 The JDBC reads use ``fetchsize`` = the batch size (1,000): without it the PostgreSQL driver reads
 a whole partition into memory, which the backfill's batches never do. One untimed ``noop`` scan
@@ -434,6 +438,47 @@ class Command:
         return int(report["rows"])
 
 
+#: What ``spark_floor`` runs in a new process: the local session ``afdb backfill`` would start
+#: (its own settings), one empty job of 2 tasks (cold Python workers, as the command's first
+#: job), and stop; it prints the seconds of each.
+_FLOOR = """
+import json, sys, time
+began = time.perf_counter()
+from azure_functions_db.spark._session import session_for
+imported = time.perf_counter()
+session, _ = session_for(None, sys.argv[1])
+started = time.perf_counter()
+session.sparkContext.parallelize(range(2), 2).map(abs).collect()
+ran = time.perf_counter()
+session.stop()
+stopped = time.perf_counter()
+print(json.dumps({"import": imported - began, "start": started - imported,
+                  "first_job": ran - started, "stop": stopped - ran}))
+"""
+
+
+@dataclass
+class SparkFloor:
+    """The least a command that starts Spark pays, whatever the table: a new Python process
+    that starts the backfill's own local session, runs one empty 2-task job and stops it (a
+    callable: the table's rows, so that its rate is the command's ceiling)."""
+
+    rows: int
+    phases: list[dict[str, float]] = field(default_factory=list)
+
+    def __call__(self) -> int:
+        import json
+        import subprocess
+
+        done = subprocess.run(
+            [sys.executable, "-c", _FLOOR, MASTER], capture_output=True, text=True, check=False
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"the empty Spark session failed: {done.stderr[-2000:]}")
+        self.phases.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        return self.rows
+
+
 def write_app(directory: Path, db: pg.OrdersTable, batch_size: int) -> Path:
     """The ``function_app.py`` the backfill replays; executors import it by its path."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -563,6 +608,7 @@ def run(ctx: Context) -> BenchmarkResult:  # noqa: PLR0915 - one linear report
             ctx.progress(f"starting {len(raw.ranges)} raw scan processes (one untimed scan)")
             raw.start()
             command = Command(app=app, settings=settings, partitions=PARTITIONS, rows=rows)
+            floor = SparkFloor(rows=rows)
             work: dict[str, Callable[[], int]] = {
                 "count": scans.count,
                 "noop": scans.noop,
@@ -570,6 +616,7 @@ def run(ctx: Context) -> BenchmarkResult:  # noqa: PLR0915 - one linear report
                 "backfill": backfills,
                 "raw_parallel": raw,
                 "command": command,
+                "spark_floor": floor,
             }
             samples: dict[str, list[tuple[int, float]]] = {name: [] for name in work}
             cpu: dict[str, list[dict[str, float]]] = {name: [] for name in work}
@@ -622,6 +669,7 @@ def run(ctx: Context) -> BenchmarkResult:  # noqa: PLR0915 - one linear report
         "backfill": "backfill, no-op handler, local state",
         "raw_parallel": f"raw psycopg keyset scans of the {PARTITIONS} chunk ranges, in parallel",
         "command": "whole `afdb backfill` command (new process, new Spark session)",
+        "spark_floor": "N rows / (new process: the command's local session, empty job, stop)",
     }
     for name, label in labels.items():
         result.metric(
@@ -695,7 +743,7 @@ def run(ctx: Context) -> BenchmarkResult:  # noqa: PLR0915 - one linear report
         grid_rows: list[tuple[str, tuple[Scalar, ...]]] = []
         cpus = os.cpu_count() or 1
         for name in work:
-            if name == "command":  # its processes are not this one's children when measured
+            if name in ("command", "spark_floor"):  # not this process's children when measured
                 continue
             # The CPU of the repetition with the best wall time.
             times = [t for _, t in samples[name]]
@@ -734,6 +782,21 @@ def run(ctx: Context) -> BenchmarkResult:  # noqa: PLR0915 - one linear report
         "command_rps",
         "raw_parallel_rps",
         COMMAND_TARGET,
+    )
+    floor_best = floor.phases[samples["spark_floor"].index(min(samples["spark_floor"]))]
+    result.metric(
+        "spark_floor_s",
+        "Spark alone in a new process: package import, session start, empty job, stop",
+        timings["spark_floor"].seconds,
+        "s",
+        "best run: " + ", ".join(f"{k} {v:.2f}" for k, v in floor_best.items()) + " s",
+    )
+    result.ratio(
+        "spark_floor_vs_raw_parallel",
+        "the command's ceiling while it starts Spark: raw scans' time / Spark alone",
+        "spark_floor_rps",
+        "raw_parallel_rps",
+        f"{COMMAND_TARGET} is out of reach below this",
     )
     result.ratio(
         "backfill_vs_python",
