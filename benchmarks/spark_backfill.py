@@ -34,8 +34,7 @@ The JDBC reads use ``fetchsize`` = the batch size (1,000): without it the Postgr
 a whole partition into memory, which the backfill's batches never do. One untimed ``noop`` scan
 first warms the JVM and PostgreSQL's caches; the first backfill (cold Python workers: the app is
 imported and the source reflected in each) is reported apart. Afterwards, one chunk of a planned
-run is drained by the same engine in this process, without Spark, for the engine's own rate
-(reading ahead or not as the backfill's chunks do: not from a database on this machine).
+run is drained by the same engine in this process, without Spark, for the engine's own rate.
 """
 
 from __future__ import annotations
@@ -534,7 +533,7 @@ def chunk_in_process(app: Path, settings: dict[str, str], partitions: int) -> In
     import datetime as dt
 
     from azure_functions_db.runtime.loader import load_pollers
-    from azure_functions_db.spark.chunk import reads_ahead, run_chunk
+    from azure_functions_db.spark.chunk import run_chunk
     from azure_functions_db.spark.plan import prepare_run
 
     definition = load_pollers(str(app))["orders"]
@@ -558,13 +557,7 @@ def chunk_in_process(app: Path, settings: dict[str, str], partitions: int) -> In
         cpu = time.process_time()
         started = time.perf_counter()
         done = run_chunk(
-            definition,
-            store,
-            settings,
-            namespace="backfill",
-            run_id="inproc",
-            index=0,
-            read_ahead=reads_ahead(source),  # as the backfill's driver decides
+            definition, store, settings, namespace="backfill", run_id="inproc", index=0
         )
         seconds = time.perf_counter() - started
         cpu = time.process_time() - cpu
@@ -859,9 +852,8 @@ def run(ctx: Context) -> BenchmarkResult:  # noqa: PLR0915 - one linear report
     result.note(
         "The backfill time is the whole backfill() call: loading the app, opening and checking "
         "the source, planning (H0, row count, key walk, chunk records), the Spark job (one "
-        "task per chunk: the engine with lease, fence, fetch (no read ahead: the database is "
-        "on this machine), Batch, no-op handler and an fsync'd local checkpoint at least every "
-        "second) and marking the run finished. "
+        "task per chunk: the engine with lease, fence, fetch read ahead, Batch, no-op handler "
+        "and an fsync'd local checkpoint at least every second) and marking the run finished. "
         "The whole command adds Python's start-up, a new Spark session (its JVM, with the "
         "quick-start options of a local session) and its Python workers, and stopping Spark."
     )

@@ -17,13 +17,10 @@ import dataclasses
 import datetime as dt
 import functools
 import logging
-import socket
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
-
-import sqlalchemy as sa
 
 from azure_functions_db.core.batch import Change
 from azure_functions_db.core.checkpoint import PollerKey, SourceDescription
@@ -44,7 +41,6 @@ from azure_functions_db.core.position import KeyValue, Position
 from azure_functions_db.core.reader import ReadAheadSource, SelectedRows
 from azure_functions_db.errors import SourceError
 from azure_functions_db.runtime.poller import PollerDefinition, default_owner
-from azure_functions_db.sources import SqlSource
 from azure_functions_db.spark.records import ChunkRange, chunk_key, chunk_range
 
 logger = logging.getLogger(__name__)
@@ -75,25 +71,20 @@ class BoundedSource:
     :class:`~ports.BacklogSource`, :class:`~ports.ZonedSource`) and no other, so ``isinstance``
     tells the engine the truth, and every read it forwards carries the chunk's end. It is never
     an :class:`~ports.AcknowledgingSource`: a backfill delivers history again and leaves the
-    rows where they are (an outbox's rows are the live poller's to delete). With
-    ``read_ahead=False`` it is no ``ReadAheadSource`` either (see :func:`reads_ahead`).
+    rows where they are (an outbox's rows are the live poller's to delete).
     """
 
     inner: Source
     end: Position
 
-    def __new__(cls, inner: Source, end: Position, *, read_ahead: bool = True) -> BoundedSource:
+    def __new__(cls, inner: Source, end: Position) -> BoundedSource:
         # A runtime-checkable Protocol is decided by the attributes an object has: the view's
         # class is the one with exactly the ports `inner` has (made once per combination).
-        ports = tuple(
-            port
-            for port in _FORWARDED
-            if isinstance(inner, port) and (read_ahead or port is not ReadAheadSource)
-        )
+        ports = tuple(port for port in _FORWARDED if isinstance(inner, port))
         view = _view_class(ports) if cls is BoundedSource else cls
         return super().__new__(view)
 
-    def __init__(self, inner: Source, end: Position, *, read_ahead: bool = True) -> None:
+    def __init__(self, inner: Source, end: Position) -> None:
         self.inner = inner
         self.end = end
 
@@ -192,49 +183,6 @@ def _view_class(ports: tuple[type, ...]) -> type[BoundedSource]:
     return cast(type[BoundedSource], type(name, views, {"__module__": __name__}))
 
 
-#: Host names of a database on this machine (with no host: a local socket, or SQLite's file).
-_LOOPBACK = frozenset({"", "localhost", "::1", "[::1]"})
-
-
-def reads_ahead(source: Source) -> bool:
-    """Whether the chunks of ``source`` (open) read the next batch ahead on a worker thread.
-
-    Not when the database runs on this machine (a loopback or socket address, a SQLite file):
-    a backfill runs a chunk on every task slot, so the database's work competes with the
-    chunks for the same cores, and a read ahead has nothing to overlap with; it only adds a
-    thread hand-off per batch. Measured with PostgreSQL on the same 2 cores (1M rows, loaded
-    machine): a chunk of 500k rows drained alone used 15% less CPU and 12% less time without
-    it (median of 6 each), and the Spark job of 2 chunks on ``local[2]`` took a median 2.7 s
-    instead of 3.0 s (8 alternating runs each). A database across the network is read ahead,
-    as a live poller reads it: each batch's round trip is then hidden behind the handling of
-    the batch before.
-    """
-    if not isinstance(source, SqlSource):
-        return True
-    try:
-        url = source.engine.url
-    except SourceError:  # not open: decided as for a remote database
-        return True
-    return not on_this_machine(url)
-
-
-def on_this_machine(url: sa.URL) -> bool:
-    """Whether the database of ``url`` runs on this machine (SQLite; no host, a loopback
-    address, this host's name, or a socket directory, also as libpq's ``?host=``)."""
-    if url.get_backend_name() == "sqlite":
-        return True
-    hosts = [url.host or ""]
-    query_host = url.query.get("host")
-    if isinstance(query_host, str):
-        hosts.append(query_host)
-    return all(
-        host.lower() in _LOOPBACK
-        or host.startswith(("127.", "/"))
-        or host.lower() == socket.gethostname().lower()
-        for host in hosts
-    )
-
-
 @dataclass(frozen=True)
 class ChunkResult:
     """What one chunk task did (returned to the driver)."""
@@ -259,14 +207,12 @@ def run_chunk(
     attempt: int = 0,
     owner: str | None = None,
     heartbeat_interval: float | None = None,
-    read_ahead: bool = True,
 ) -> ChunkResult:
     """Run chunk ``index`` of a planned run to its end; return what it delivered.
 
     Engine runs repeat until the chunk is caught up (a run ends when the poller's time budget is
     spent); while another attempt holds the chunk's lease this waits for it. Raises what the
     engine raises (handler failure, lost lease, infrastructure), leaving the chunk resumable.
-    ``read_ahead``: whether the chunk may read ahead (the driver's :func:`reads_ahead`).
     """
     began = time.monotonic()
     key = chunk_key(namespace, definition.name, run_id, index)
@@ -295,7 +241,7 @@ def run_chunk(
         )
     engine = Engine(
         config,
-        BoundedSource(definition.source, chunk.end, read_ahead=read_ahead),
+        BoundedSource(definition.source, chunk.end),
         store,
         definition.handler,
         definition.clock,

@@ -26,7 +26,7 @@ from azure_functions_db.runtime.poller import PollerDefinition
 from azure_functions_db.runtime.settings import STATE_DIR_SETTING
 from azure_functions_db.spark._apps import driver_definition, release
 from azure_functions_db.spark._session import session_for
-from azure_functions_db.spark.chunk import ChunkResult, reads_ahead
+from azure_functions_db.spark.chunk import ChunkResult
 from azure_functions_db.spark.plan import parse_bounds, prepare_run
 from azure_functions_db.spark.records import (
     ChunkRange,
@@ -215,9 +215,9 @@ def backfill(
         )
         watcher = _Watcher(store, record, chunks, progress, progress_interval)
         shipped = tuple(sorted(app_settings(env).items()))
-        version, ahead = app_version(spec), reads_ahead(source)
+        version = app_version(spec)
         tasks = [
-            ChunkTask(spec, definition.name, namespace, run_id, c.index, shipped, version, ahead)
+            ChunkTask(spec, definition.name, namespace, run_id, c.index, shipped, version)
             for c in pending
         ]
         results = _run_tasks(context, tasks, watcher, run_id)

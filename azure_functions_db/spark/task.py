@@ -95,8 +95,6 @@ class ChunkTask:
     settings: tuple[tuple[str, str], ...] = field(repr=False)  # holds secrets
     #: The driver's version of the app file: a worker that loaded another version loads it again.
     app_version: AppVersion = None
-    #: Whether the chunk reads ahead (``chunk.reads_ahead`` of the driver's open source).
-    read_ahead: bool = True
 
 
 _applied: set[str] = set()
@@ -194,5 +192,4 @@ def _run(task: ChunkTask) -> ChunkResult:
         run_id=task.run_id,
         index=task.index,
         attempt=attempt,
-        read_ahead=task.read_ahead,
     )
