@@ -283,6 +283,42 @@ def test_with_a_sink_the_commit_before_lands_before_the_sink_transaction_commits
     assert sink.mark(key) is not None
 
 
+def test_with_a_sink_every_checkpoint_commit_starts_before_the_next_handler(
+    orders: Orders, clock: FakeClock
+) -> None:
+    """With a sink each batch's checkpoint commit goes as soon as the batch is handed over (no
+    pace): it runs while the next batch is read and handled, and the next sink transaction
+    waits only for what is left of it. Held back for the pace, batch 2's commit would start only
+    when batch 3's transaction waits for it, and batch 3's handler would not see it begin."""
+    orders.insert(range(1, 13))  # three batches of 4
+    key = PollerConfig(name="orders").key
+    started: dict[int, threading.Event] = {4: threading.Event(), 8: threading.Event()}
+
+    class Watching(MemoryStateStore):
+        def replace(self, checkpoint: Checkpoint, etag: str) -> str:
+            if checkpoint.key == key and checkpoint.position is not None:
+                event = started.get(checkpoint.position.pk[0])
+                if event is not None:
+                    event.set()
+            return super().replace(checkpoint, etag)
+
+    store = Watching(clock)
+    sink = MemorySink()
+    sink.create_table("out", ["id"])
+    seen: list[bool] = []
+
+    def handler(batch: Batch, writer: Any) -> None:
+        if batch[0].pk > 1:  # batches 2 and 3: the commit of the batch before has begun
+            seen.append(started[batch[0].pk - 1].wait(WAIT / 4))
+        writer.insert("out", [{"id": c.pk} for c in batch])
+
+    source = SqlSource(url=orders.url, table="orders", cursor="updated_at", pk="id")
+    cfg = PollerConfig(name="orders", batch_size=4, pipeline=True)
+    Engine(cfg, source, store, handler, clock, owner="o", sink=sink).run(SETTINGS)
+    assert seen == [True, True]
+    assert stored(store).stats.batches == 3
+
+
 def test_with_a_sink_a_failed_commit_before_rolls_the_next_batch_back_and_is_the_error(
     orders: Orders, store: GatedStore, clock: FakeClock
 ) -> None:
