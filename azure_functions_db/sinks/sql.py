@@ -44,6 +44,12 @@ from azure_functions_db.errors import (
     SinkFencedError,
 )
 from azure_functions_db.sinks import options
+from azure_functions_db.sinks._sql_engine import (
+    ENDED,
+    reset_unless_ended,
+    resets_on_return,
+    transactional_options,
+)
 from azure_functions_db.sinks.writes import SqlWriter, check_transactional, sink_error
 from azure_functions_db.sources import engines, entra, urls
 
@@ -121,13 +127,13 @@ class SqlSink:
             self._masked, self._secrets = urls.render_masked(url), urls.url_secrets(url)
             engine = engines.create(
                 url,
-                {**_transactional(url), **self.options.engine_options},
+                {**transactional_options(url), **self.options.engine_options},
                 self._masked,
                 self._scrub,
                 connect_timeout=self.options.connect_timeout,
             )
-            if _resets_on_return(url, self.options.engine_options):
-                _reset_unless_ended(engine)
+            if resets_on_return(url, self.options.engine_options):
+                reset_unless_ended(engine)
             if self._credential is not None:
                 entra.sign_in_with_tokens(engine, self._credential, self._masked)
             positions = _position_table(self.options.position_table, self.options.db_schema)
@@ -317,7 +323,7 @@ class SqlSink:
                     conn.invalidate()
                     raise
                 # Nothing for the pool to roll back when it takes the connection back.
-                conn.info[_ENDED] = True
+                conn.info[ENDED] = True
             return
         # pysqlite runs our connections in autocommit (isolation_level None): take the write
         # lock at BEGIN, so a claim and a batch cannot both read the record before writing.
@@ -381,50 +387,6 @@ def locked_read(positions: sa.Table, dialect: sa.Dialect) -> sa.Select[Any]:
     if dialect.name == "sqlite":
         return query
     return query.with_for_update()
-
-
-def _transactional(url: sa.URL) -> dict[str, Any]:
-    """Engine options for connections that only ever run transactions: the driver's default
-    isolation instead of the sources' autocommit reads (``engine_options`` may override).
-
-    Switching an autocommit connection into a transaction and back costs round trips per
-    batch on some drivers (PyMySQL: ``SET autocommit`` twice and the isolation level). Not on
-    SQLite, whose connections stay in autocommit for the sink's own ``BEGIN IMMEDIATE``.
-    The pool's rollback of every connection it takes back is left to
-    :func:`_reset_unless_ended`."""
-    if url.get_backend_name() == "sqlite":
-        return {}
-    return {
-        "isolation_level": None,
-        "skip_autocommit_rollback": False,
-        "pool_reset_on_return": None,
-    }
-
-
-#: ``Connection.info`` key: the sink's transaction on this connection ended with its commit.
-_ENDED = "afdb_sink_transaction_ended"
-
-
-def _resets_on_return(url: sa.URL, engine_options: Mapping[str, Any]) -> bool:
-    """Whether the sink's engine leaves the reset of returned connections to
-    :func:`_reset_unless_ended`: not on SQLite, nor when ``engine_options`` set
-    ``pool_reset_on_return`` themselves."""
-    return url.get_backend_name() != "sqlite" and "pool_reset_on_return" not in engine_options
-
-
-def _reset_unless_ended(engine: sa.Engine) -> None:
-    """The pool's reset of a connection it takes back (a ``ROLLBACK``, as SQLAlchemy's default
-    ``pool_reset_on_return="rollback"`` does), except after a sink transaction whose commit
-    returned: nothing is open then, and PyMySQL (and pyodbc) would send the ``ROLLBACK`` to
-    the server anyway, a round trip per batch. Every other way back to the pool (a failed
-    commit, a handler's error, a read) is rolled back as before; a failed rollback makes the
-    pool discard the connection."""
-
-    @sa.event.listens_for(engine, "reset")
-    def _reset(dbapi_connection: Any, record: Any, state: Any) -> None:
-        if record.info.pop(_ENDED, False) or state.transaction_was_reset:
-            return
-        engine.dialect.do_rollback(dbapi_connection)
 
 
 def _position_table(name: str, schema: str | None) -> sa.Table:
