@@ -728,9 +728,11 @@ def test_case_k_owner_with_clock_ten_minutes_ahead_cannot_take_a_live_lease(
 def test_case_g_commit_whose_response_is_lost_is_recognised_as_landed(
     tmp_path, azurite, azurite_container, azurite_table_name, children, *, store, sdk_retry
 ):
-    """Case G: the second batch's checkpoint write reaches Azurite, its response is lost. With
-    SDK retries the retried conditional write gets 412; without, the store reports a transient
-    error. Either way the engine reads back, recognises its own write: no duplicate, no loss."""
+    """Case G: the first batch's checkpoint write (the run's first batch is committed at once;
+    the next ones wait for the pace and go together) reaches Azurite, its response is lost.
+    With SDK retries the retried conditional write gets 412; without, the store reports a
+    transient error and the next write is the later batches' commit. Either way the engine reads
+    back, recognises its own write: no duplicate, no loss."""
     poller = make_poller(
         tmp_path,
         f"ambiguous-{store}-{sdk_retry}",
@@ -739,7 +741,7 @@ def test_case_g_commit_whose_response_is_lost_is_recognised_as_landed(
         40,
         store=store,
         table=azurite_table_name,
-        AZP_FAULT="lose_response:2",
+        AZP_FAULT="lose_response:1",
         AZP_SDK_RETRY=sdk_retry,
     )
     run = children.cli(poller, "run", "--once")
