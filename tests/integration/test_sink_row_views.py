@@ -26,7 +26,7 @@ from azure_functions_db.sinks.writes import driver_statement
 from azure_functions_db.sources._rows import RowShape
 from azure_functions_db.sources.keyset import picker
 from azure_functions_db.testing.sink_contract import KEY
-from devkit import dbservers
+from tests.support import sink_targets
 
 T0 = dt.datetime(2026, 1, 2, 3, 4, 5)
 
@@ -39,6 +39,9 @@ def source_batch(names: Sequence[str], rows: list[tuple[Any, ...]], fence: int =
         rows, KEY.poller
     )
     return Batch(KEY.poller, KEY.namespace, fence, 1, None, changes[-1].position, changes)
+
+
+PLAIN = "CREATE TABLE plain (id integer PRIMARY KEY, note varchar(20) NOT NULL, at timestamp)"
 
 
 def as_dicts(batch: Batch) -> list[dict[str, Any]]:
@@ -54,26 +57,12 @@ def as_dicts(batch: Batch) -> list[dict[str, Any]]:
 )
 def sink(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SqlSink]:
     """A claimed sink on a database with ``plain (id, note, at)``."""
-    options: dict[str, Any] = {}
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'target.db'}"
-    elif request.param == "postgres":
-        schema = request.getfixturevalue("pg_schema")
-        url = dbservers.pg_url()
-        options = {"connect_args": {"options": f"-c search_path={schema}"}}
-    else:
-        url = dbservers.mysql_url(request.getfixturevalue("mysql_db"))
-    engine = sa.create_engine(url, poolclass=sa.NullPool, **options)
-    with engine.begin() as conn:
-        conn.exec_driver_sql(
-            "CREATE TABLE plain (id integer PRIMARY KEY, note varchar(20) NOT NULL, at timestamp)"
-        )
-    engine.dispose()
-    made = SqlSink(url, engine_options=options)
-    made.open({})
-    made.claim(KEY, 1)
-    yield made
-    made.close()
+    url, options = sink_targets.target(request, tmp_path)
+    sink_targets.create_tables(url, options, lambda dialect: [PLAIN])
+    with sink_targets.opened_sinks(url, options) as make:
+        made = make()
+        made.claim(KEY, 1)
+        yield made
 
 
 def stored(sink: SqlSink) -> list[tuple[Any, ...]]:

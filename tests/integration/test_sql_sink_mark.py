@@ -17,7 +17,7 @@ from azure_functions_db.core.ports import SinkMark
 from azure_functions_db.errors import SinkError, SinkFencedError
 from azure_functions_db.sinks.sql import SqlSink
 from azure_functions_db.testing.sink_contract import KEY, contract_batch
-from devkit import dbservers
+from tests.support import sink_targets
 
 ITEMS = "CREATE TABLE items (id integer PRIMARY KEY, name varchar(40) NOT NULL)"
 
@@ -33,36 +33,16 @@ Sinks = Callable[[], SqlSink]
 )
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, object]]:
     """The target's URL and engine options, with an empty ``items`` table."""
-    if request.param == "sqlite":
-        url, options = f"sqlite:///{tmp_path / 'target.db'}", {}
-    elif request.param == "postgres":
-        schema = request.getfixturevalue("pg_schema")
-        url = dbservers.pg_url()
-        options = {"connect_args": {"options": f"-c search_path={schema}"}}
-    else:
-        url, options = dbservers.mysql_url(request.getfixturevalue("mysql_db")), {}
-    engine = sa.create_engine(url, poolclass=sa.NullPool, **options)  # type: ignore[arg-type]
-    with engine.begin() as conn:
-        conn.exec_driver_sql(ITEMS)
-    engine.dispose()
+    url, options = sink_targets.target(request, tmp_path)
+    sink_targets.create_tables(url, options, lambda dialect: [ITEMS])
     return url, options
 
 
 @pytest.fixture
 def sinks(target: tuple[str, dict[str, object]]) -> Iterator[Sinks]:
     """Opened sinks on the target, each as another process would hold it; closed after."""
-    url, options = target
-    made: list[SqlSink] = []
-
-    def make() -> SqlSink:
-        sink = SqlSink(url, engine_options=options)
-        sink.open({})
-        made.append(sink)
-        return sink
-
-    yield make
-    for sink in made:
-        sink.close()
+    with sink_targets.opened_sinks(*target) as make:
+        yield make
 
 
 def stored(sink: SqlSink) -> list[int]:

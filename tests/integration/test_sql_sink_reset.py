@@ -7,7 +7,6 @@ batch's rows never ride along with the next batch's commit, and a read leaves no
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -16,7 +15,7 @@ from azure_functions_db.core.ports import SinkMark
 from azure_functions_db.errors import SinkError
 from azure_functions_db.sinks.sql import SqlSink
 from azure_functions_db.testing.sink_contract import KEY, contract_batch
-from devkit import dbservers
+from tests.support import sink_targets
 
 ITEMS = "CREATE TABLE items (id integer PRIMARY KEY, name varchar(40) NOT NULL)"
 
@@ -32,28 +31,10 @@ Sinks = Callable[..., SqlSink]
 def sinks(request: pytest.FixtureRequest) -> Iterator[Sinks]:
     """Opened sinks on a target with an empty ``items`` table, each as another process would
     hold it; closed after."""
-    options: dict[str, Any] = {}
-    if request.param == "postgres":
-        schema = request.getfixturevalue("pg_schema")
-        url = dbservers.pg_url()
-        options = {"connect_args": {"options": f"-c search_path={schema}"}}
-    else:
-        url = dbservers.mysql_url(request.getfixturevalue("mysql_db"))
-    engine = sa.create_engine(url, poolclass=sa.NullPool, **options)
-    with engine.begin() as conn:
-        conn.exec_driver_sql(ITEMS)
-    engine.dispose()
-    made: list[SqlSink] = []
-
-    def make(**extra: Any) -> SqlSink:
-        sink = SqlSink(url, engine_options={**options, **extra})
-        sink.open({})
-        made.append(sink)
-        return sink
-
-    yield make
-    for sink in made:
-        sink.close()
+    url, options = sink_targets.target(request)
+    sink_targets.create_tables(url, options, lambda dialect: [ITEMS])
+    with sink_targets.opened_sinks(url, options) as make:
+        yield make
 
 
 def count(monkeypatch: pytest.MonkeyPatch, sink: SqlSink, method: str) -> list[object]:

@@ -18,7 +18,7 @@ from azure_functions_db.core.position import Position
 from azure_functions_db.sinks.sql import SqlSink
 from azure_functions_db.sinks.writes import driver_statement
 from azure_functions_db.testing.sink_contract import KEY
-from devkit import dbservers
+from tests.support import sink_targets
 
 T0 = dt.datetime(2026, 1, 2, 3, 4, 5)
 DOC = {"sqlite": "JSON", "postgres": "jsonb", "mysql": "JSON"}
@@ -33,30 +33,19 @@ DOC = {"sqlite": "JSON", "postgres": "jsonb", "mysql": "JSON"}
 )
 def sink(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SqlSink]:
     """A sink on a database with ``plain (id, note, at)`` and ``mixed (id, "odd name", doc)``."""
-    options: dict[str, object] = {}
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'target.db'}"
-    elif request.param == "postgres":
-        schema = request.getfixturevalue("pg_schema")
-        url = dbservers.pg_url()
-        options = {"connect_args": {"options": f"-c search_path={schema}"}}
-    else:
-        url = dbservers.mysql_url(request.getfixturevalue("mysql_db"))
-    engine = sa.create_engine(url, poolclass=sa.NullPool, **options)  # type: ignore[arg-type]
-    quote = engine.dialect.identifier_preparer.quote
-    with engine.begin() as conn:
-        conn.exec_driver_sql(
-            "CREATE TABLE plain (id integer PRIMARY KEY, note varchar(20) NOT NULL, at timestamp)"
-        )
-        conn.exec_driver_sql(
-            f"CREATE TABLE mixed (id integer PRIMARY KEY, {quote('odd name')} varchar(20), "
-            f"doc {DOC[request.param]})"
-        )
-    engine.dispose()
-    made = SqlSink(url, engine_options=options)
-    made.open({})
-    yield made
-    made.close()
+    url, options = sink_targets.target(request, tmp_path)
+    sink_targets.create_tables(
+        url,
+        options,
+        lambda dialect: [
+            "CREATE TABLE plain (id integer PRIMARY KEY, note varchar(20) NOT NULL, at timestamp)",
+            f"CREATE TABLE mixed (id integer PRIMARY KEY, "
+            f"{dialect.identifier_preparer.quote('odd name')} varchar(20), "
+            f"doc {DOC[request.param]})",
+        ],
+    )
+    with sink_targets.opened_sinks(url, options) as make:
+        yield make()
 
 
 def batch_of(rows: list[dict[str, object]], fence: int = 1) -> Batch:
