@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import operator
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -159,6 +160,12 @@ class RowData(Mapping[str, Any]):
     def __len__(self) -> int:
         return len(self._index)
 
+    @classmethod
+    def column_index(cls, name: str) -> int:
+        """Where column ``name`` sits in the driver rows under this class's views (``KeyError``
+        for a column the source does not select)."""
+        return cls._index[name]
+
     def copy(self) -> dict[str, Any]:
         """The row as a new dict."""
         return self._to_dict(self._row)
@@ -199,6 +206,20 @@ class RowData(Mapping[str, Any]):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (dict, (self.copy(),))
+
+
+#: The driver's row under a :class:`RowData` view (for writers that read many views at once).
+driver_row: Callable[[RowData], Sequence[Any]] = operator.attrgetter("_row")
+
+
+def view_class(rows: Sequence[object]) -> type[RowData] | None:
+    """The one :class:`RowData` class every item of ``rows`` is a view of (a batch's changes
+    from one SQL source share one name -> index map, so their columns), or ``None``."""
+    classes = set(map(type, rows))
+    if len(classes) != 1:
+        return None
+    shape = classes.pop()
+    return shape if issubclass(shape, RowData) else None
 
 
 class _RowChange(Change):

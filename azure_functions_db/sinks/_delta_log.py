@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from azure_functions_db.core.batch import Batch, Change, RowData
+from azure_functions_db.core.batch import Batch, Change, RowData, driver_row
 from azure_functions_db.core.checkpoint import PollerKey
 from azure_functions_db.core.logs import log_event
 from azure_functions_db.core.ports import SinkMark
@@ -139,17 +139,6 @@ def row_mappings(rows: Iterable[Mapping[str, Any] | Change]) -> list[Mapping[str
 
 
 _DATA = operator.attrgetter("data")
-_ROW = operator.attrgetter("_row")
-
-
-def view_shape(rows: Sequence[Mapping[str, Any]]) -> type[RowData] | None:
-    """The one :class:`RowData` class every row is a view of (a batch's changes from a SQL
-    source, which share one name -> index map and so their columns), or ``None``."""
-    classes = set(map(type, rows))
-    if len(classes) != 1:
-        return None
-    shape = classes.pop()
-    return shape if issubclass(shape, RowData) else None
 
 
 def view_columns(
@@ -158,5 +147,5 @@ def view_columns(
     """The values of each of ``names`` in ``rows`` (views of ``shape``), column by column,
     read straight from the driver rows under the views: what ``[row[name] for row in rows]``
     gives, without a Python call per value."""
-    tuples = list(map(_ROW, rows))
-    return [list(map(operator.itemgetter(shape._index[name]), tuples)) for name in names]
+    tuples = list(map(driver_row, rows))  # type: ignore[arg-type]  # views of `shape`
+    return [list(map(operator.itemgetter(shape.column_index(name)), tuples)) for name in names]

@@ -34,7 +34,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from azure_functions_db.core.batch import Batch, Change
+from azure_functions_db.core.batch import Batch, Change, view_class
 from azure_functions_db.core.checkpoint import PollerKey
 from azure_functions_db.core.logs import log_event
 from azure_functions_db.core.ports import SinkMark, refuse_older_fence
@@ -54,7 +54,6 @@ from azure_functions_db.sinks._delta_log import (
     read_mark,
     row_mappings,
     view_columns,
-    view_shape,
 )
 from azure_functions_db.sources import urls
 
@@ -445,7 +444,7 @@ class DeltaSink:
         is refused."""
         import pyarrow as pa
 
-        shape = view_shape(rows) if extra is None and rows else None
+        shape = view_class(rows) if extra is None and rows else None
         present: set[str] = set(rows[0]) if shape is not None else set()
         if shape is None:
             named = present.update

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 
-from azure_functions_db.core.batch import Batch, Change, RowData
+from azure_functions_db.core.batch import Batch, Change, RowData, driver_row, view_class
 from azure_functions_db.errors import ConfigurationError, SinkError, TransientSinkError
 from azure_functions_db.sources.transience import is_transient
 
@@ -168,10 +168,7 @@ class SqlWriter:
         else:
             data = [row.data if isinstance(row, Change) else row for row in rows]
         known = set(target.c.keys())
-        classes = set(map(type, data))
-        shape = next(iter(classes)) if len(classes) == 1 else None
-        if shape is None or not issubclass(shape, RowData):
-            shape = None
+        shape = view_class(data)
         # Views of one source's rows have the same columns (one name -> index map per RowData
         # class): checking the first checks them all.
         columns: set[str] | None = None
@@ -223,7 +220,6 @@ def _same(row: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 _DATA = operator.attrgetter("data")
-_ROW = operator.attrgetter("_row")
 
 
 #: The (dialect, driver) pairs whose statements the writer may hand to the driver itself.
@@ -260,9 +256,9 @@ class DriverStatement:
             return list(map(self.values, data))
         getter = self._by_shape.get(shape)
         if getter is None:
-            getter = _getter(tuple(shape._index[name] for name in self.order))
+            getter = _getter(tuple(shape.column_index(name) for name in self.order))
             self._by_shape[shape] = getter
-        return list(map(getter, map(_ROW, data)))
+        return list(map(getter, map(driver_row, data)))  # type: ignore[arg-type]  # views
 
 
 def _getter(keys: tuple[Any, ...]) -> Callable[[Any], tuple[Any, ...]]:
