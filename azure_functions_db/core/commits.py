@@ -7,10 +7,12 @@ it one at a time: they are grouped, and go together with the next commit once it
 commit, the default), as long as the rows not yet acknowledged stay within the duplicate window
 (:data:`GROUP_BATCHES` batches, or the rows of the last :data:`GROUP_SECONDS`, whichever is
 more); beyond it the run waits for the commit in flight. With no commit in flight, a batch
-starts one only once :data:`PACE_BATCHES` batches are waiting or the oldest waited
-:data:`PACE_SECONDS` (the run's first batch at once): a fast store gets a commit per few
-batches rather than one per batch (each costs the local store two fsyncs), a slow one fewer,
-larger commits, and the drain does not slow down to the store's pace. With
+starts one only once :data:`PACE_BATCHES` batches are waiting and the store rested since its
+last commit as long as that commit took, or once the oldest waited :data:`PACE_SECONDS` (the
+run's first batch at once): a fast store gets a commit per few batches rather than one per
+batch (each costs the local store two fsyncs), a slow one (Azure Storage, tens of
+milliseconds a write) is kept busy at most about half the time, with fewer, larger commits,
+and the drain does not slow down to the store's pace. With
 explicit coalescing (``checkpoint_every``/``checkpoint_seconds``) several batches share one
 commit even when nothing is in flight: their record is held back until enough rows or seconds
 went by. Either way a record held back is written at the latest before anything else happens to
@@ -47,7 +49,8 @@ GROUP_BATCHES = 10
 #: one second of work), whichever allows more.
 GROUP_SECONDS = 1.0
 #: Group commit's pace: with no commit in flight, batches wait for more until they are this many
-#: batches' worth of rows...
+#: batches' worth of rows (and the time since the last commit landed is at least what that
+#: commit took, up to the limit below)...
 PACE_BATCHES = 4
 #: ... or the oldest of them was handed over this many seconds ago (a fast store then writes a
 #: few commits per second of work instead of one per batch; the duplicate window is unchanged).
@@ -127,6 +130,9 @@ class CommitPipe:
         self._pace_rows = pace_rows
         self._pace_seconds = pace_seconds
         self._submitted = False  # whether a commit was submitted in this run
+        # The last commit's write: when it landed and how long it took (monotonic seconds).
+        self._last_landed = 0.0
+        self._last_took = 0.0
 
     @property
     def checkpoint(self) -> Checkpoint:
@@ -187,13 +193,15 @@ class CommitPipe:
 
     def _paced(self, now: float) -> bool:
         """Whether the batches waiting are enough for a commit of their own (the run's first
-        batch always is: its commit starts at once; without the pipeline, every batch is)."""
-        return (
-            not self._pipelined
-            or not self._submitted
-            or self._held_rows >= self._pace_rows
-            or now - self._held[0].since >= self._pace_seconds
-        )
+        batch always is: its commit starts at once; without the pipeline, every batch is):
+        enough rows once the store rested as long as its last commit took (a slow store is
+        busy at most about half the time), or a wait of the pace's limit."""
+        if not self._pipelined or not self._submitted:
+            return True
+        if now - self._held[0].since >= self._pace_seconds:
+            return True
+        rested = now - self._last_landed >= min(self._last_took, self._pace_seconds)
+        return rested and self._held_rows >= self._pace_rows
 
     def _flush(self) -> None:
         """Submit the batches held back as one commit (their last record)."""
@@ -235,8 +243,11 @@ class CommitPipe:
         self._pending = _Pending(batch, new, done, future, rows, since)
 
     def _write(self, new: Checkpoint) -> float:
+        began = self._monotonic()
         self._claim.write(new)
-        return self._monotonic()
+        landed = self._monotonic()
+        self._last_landed, self._last_took = landed, landed - began
+        return landed
 
     def ensure_held(self) -> None:
         """Raise if the lease is lost. When it was lost while a commit was in flight (the commit

@@ -623,6 +623,49 @@ def test_group_commit_paces_slow_handlers_by_a_tenth_of_a_second(
     assert 3 * 4 in steps, store.commits  # and batches did wait for a later commit
 
 
+class FarStore(MemoryStateStore):
+    """A memory store whose batch commits take ``took`` seconds of the fake clock (a store far
+    away, like Azure Storage); records when each began and landed."""
+
+    def __init__(self, clock: FakeClock, took: float) -> None:
+        super().__init__(clock)
+        self.clock, self.took = clock, took
+        self.writes: list[tuple[float, float]] = []  # (began, landed) of each batch commit
+
+    def replace(self, checkpoint: Checkpoint, etag: str) -> str:
+        current = self.read(checkpoint.key)
+        if current is None or checkpoint.position == current.checkpoint.position:
+            return super().replace(checkpoint, etag)
+        began = self.clock.monotonic()
+        self.clock.advance(self.took)
+        etag = super().replace(checkpoint, etag)
+        self.writes.append((began, self.clock.monotonic()))
+        return etag
+
+
+def test_group_commit_rests_a_slow_store_as_long_as_its_last_commit_took(
+    orders: Orders, clock: FakeClock
+) -> None:
+    """Commits taking 0.03 s (Azure Storage's order), batches every 0.005 s: once a commit
+    landed, the next one starts only after the store rested as long (the commit thread is busy
+    at most about half the time: half the requests of back-to-back commits, each with more
+    batches), not as soon as four batches are waiting. The commit of the run's end goes at
+    once."""
+    orders.insert(range(1, 241))  # sixty batches of 4
+    store = FarStore(clock, took=0.03)
+
+    def handler(batch: Batch) -> None:
+        clock.advance(0.005)
+        time.sleep(0.0005)  # let the commit thread run
+
+    report = make_engine(orders, store, handler, clock).run(SETTINGS)
+    assert report.rows == 240
+    assert stored(store).stats.batches == 60
+    assert len(store.writes) >= 3, store.writes
+    for (began, landed), (next_began, _) in zip(store.writes, store.writes[1:-1], strict=False):
+        assert next_began - landed >= min(landed - began, 0.1) - 1e-9, store.writes
+
+
 def test_coalescing_is_refused_with_a_transactional_sink(orders: Orders, clock: FakeClock) -> None:
     from azure_functions_db.core.engine import Engine, PollerConfig
     from azure_functions_db.errors import ConfigurationError
