@@ -94,6 +94,8 @@ class CommitPipe:
             at most this many, or the oldest of them came less than ``group_seconds`` ago;
             ``None``: each batch's commit waits for the one before.
         group_seconds: See ``group_rows``.
+        pace_rows, pace_seconds: Group commit's pace (see :meth:`_paced`); ``pace_rows=0``:
+            none, each commit starts as soon as the batch is handed over with none in flight.
     """
 
     def __init__(
@@ -196,8 +198,8 @@ class CommitPipe:
         batch always is: its commit starts at once; without the pipeline, every batch is):
         enough rows once the store rested as long as its last commit took (a slow store is
         busy at most about half the time), or a wait of the pace's limit."""
-        if not self._pipelined or not self._submitted:
-            return True
+        if not self._pipelined or not self._submitted or not self._pace_rows:
+            return True  # (no pace: a sink's commit goes while the next batch is handled)
         if now - self._held[0].since >= self._pace_seconds:
             return True
         rested = now - self._last_landed >= min(self._last_took, self._pace_seconds)

@@ -289,7 +289,8 @@ def test_with_a_sink_every_checkpoint_commit_starts_before_the_next_handler(
     """With a sink each batch's checkpoint commit goes as soon as the batch is handed over (no
     pace): it runs while the next batch is read and handled, and the next sink transaction
     waits only for what is left of it. Held back for the pace, batch 2's commit would start only
-    when batch 3's transaction waits for it, and batch 3's handler would not see it begin."""
+    when batch 3's transaction waits for it, and batch 3's handler would not see it begin. The
+    store takes 0.03 s a write (a store far away: not rested yet when the next batch comes)."""
     orders.insert(range(1, 13))  # three batches of 4
     key = PollerConfig(name="orders").key
     started: dict[int, threading.Event] = {4: threading.Event(), 8: threading.Event()}
@@ -300,6 +301,7 @@ def test_with_a_sink_every_checkpoint_commit_starts_before_the_next_handler(
                 event = started.get(checkpoint.position.pk[0])
                 if event is not None:
                     event.set()
+                clock.advance(0.03)
             return super().replace(checkpoint, etag)
 
     store = Watching(clock)
