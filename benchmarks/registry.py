@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from benchmarks import (
     azurite_requests,
+    db_latency,
     delta_sink,
     mysql_trigger_replay,
     pg_drain,
@@ -34,6 +35,7 @@ ALL: tuple[Benchmark, ...] = (
     pg_drain.BENCHMARK,
     pg_remote.BENCHMARK,
     pg_sinks.BENCHMARK,
+    db_latency.BENCHMARK,
     spark_backfill.BENCHMARK,
     mysql_trigger_replay.BENCHMARK,
 )
