@@ -7,6 +7,8 @@ import datetime as dt
 import logging
 import time
 import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -35,23 +37,32 @@ logger = logging.getLogger(__name__)
 # it in the last 0.1 s. Several readers (pollers of one server, monitoring) that read it less than
 # 0.1 s apart keep it frozen for as long as they go on: a transaction begun since is missing (the
 # bound passes its rows: lost) and one ended since is still listed (a hold naming a finished
-# session). So a reading is used only when it proves itself fresh. Before reading, this session
-# reads the clock (`UTC_NOW_SQL`, T0) and starts a read-only InnoDB transaction; every statement
-# of that transaction carries a nonce in a leading comment. A snapshot that lists this session's
-# transaction running a statement with the nonce was taken after T0, so it lists every
-# transaction that began before T0 and was still open when it was taken, and the bound is kept
-# at or below T0. A snapshot without it is older: wait more than 0.1 s and read again. Our
-# readers of one server take turns under a named lock, so one that waits for the cache to refresh
-# is not kept waiting by the others; the lock only helps, the proof alone is what makes a reading
-# count. Read-only transactions (ours, and any other) are left out of the oldest start: they
-# cannot write a row.
+# session). So a reading is used only when it proves itself fresh. This session starts a read-only
+# InnoDB transaction, then in one statement reads the clock (T0: the statement's start) and the
+# statements running in the process list (not cached; P: after T0), then reads innodb_trx in a
+# statement marked `read` with a nonce. A snapshot that lists this session's transaction running
+# the marked statement was taken during it, after P, so it lists every transaction that was
+# registered before P and still open; a snapshot without it is older: wait more than 0.1 s and
+# read again. Our readers of one server take turns under a named lock, so one that waits for the
+# cache to refresh is not kept waiting by the others; the lock only helps, the proof alone is what
+# makes a reading count. Read-only transactions (ours, and any other) are left out: they cannot
+# write a row.
 #
-# trx_started has whole seconds (rounded down, which only makes the bound safer) and is written by
-# InnoDB in the server's system zone on MariaDB, in the session zone elsewhere: both readings are
-# returned. A statement that read NOW() but has not touched InnoDB yet (waiting for a metadata
-# lock, or in a slow subquery before its first row) is not in innodb_trx, but it is in the process
-# list (which is not cached), with its running time: `statement` is the oldest such start, in UTC
-# (MariaDB's TIME_MS has milliseconds; MySQL's TIME whole seconds, so a second is added).
+# What a writing transaction may have stamped. NOW() is the start of the statement, but InnoDB
+# registers the transaction (and sets trx_started, whole seconds) only at its first row operation,
+# after the statement parsed, waited for metadata and table locks (up to lock_wait_timeout) and ran
+# its BEFORE triggers. While that statement runs the process list has it, with its start (MariaDB's
+# TIME_MS, microseconds; MySQL's TIME, whole seconds, so a second is added); once it has ended and
+# its transaction stays open, trx_started can be later than its rows' stamps by the whole wait. So
+# each transaction is remembered from the first fresh reading that listed it, with a floor: the
+# T0 and the statement starts of the reading before (`floor` below). It was not listed then, so
+# every statement of it that stamped a row either started after that reading's T0, or was still
+# running (and not yet registered) when that reading read the process list: no row of it is
+# older than the floor. A transaction already open at this poller's first reading has no floor:
+# the bound holds entirely until it ends (reported). While the bound is held by a transaction
+# listed for the first time in this bound's readings whose floor is unknown or doubtful (the
+# reading before was more than DOUBTFUL_GAP earlier: the last timer run), the reading is taken
+# again (a short transaction has ended meanwhile), for up to `proof_timeout`.
 UTC_NOW_SQL = sa.text("SELECT UTC_TIMESTAMP(6)")
 START_READ_ONLY = "/* afdb horizon {nonce} */ START TRANSACTION READ ONLY, WITH CONSISTENT SNAPSHOT"
 #: The server-wide named lock our readers of innodb_trx take turns under, and how long one waits.
@@ -62,34 +73,58 @@ TAKE_LOCK = (
 )
 RELEASE_LOCK = f"DO RELEASE_LOCK('{INNODB_TRX_LOCK}')"
 _OTHER = "t.trx_mysql_thread_id <> CONNECTION_ID() AND t.trx_is_read_only = 0"
-_STATEMENTS = (
+# Every thread running a command counts (also `Busy`, and one whose INFO is not set yet: the
+# start shown is then its previous command's, earlier), except our horizon readers' read-only
+# statements (they would hold the bound for their lock wait).
+_CLOCKS = (
+    "/* afdb horizon {nonce} */ SELECT UTC_TIMESTAMP(6) AS utc_now, NOW(6) AS session_now, "
+    "CONVERT_TZ(UTC_TIMESTAMP(6), '+00:00', 'SYSTEM') AS system_now, "
     "(SELECT MIN(UTC_TIMESTAMP(6) - INTERVAL {elapsed} MICROSECOND) "
-    "FROM information_schema.PROCESSLIST AS p WHERE p.ID <> CONNECTION_ID() AND p.INFO IS NOT "
-    "NULL AND p.COMMAND NOT IN ('Sleep', 'Daemon', 'Binlog Dump', 'Binlog Dump GTID', "
-    "'Connect')) AS statement"
+    "FROM information_schema.PROCESSLIST AS p WHERE p.ID <> CONNECTION_ID() "
+    "AND p.COMMAND NOT IN ('Sleep', 'Daemon', 'Binlog Dump', 'Binlog Dump GTID', 'Connect') "
+    "AND (p.INFO IS NULL OR p.INFO NOT LIKE '/* afdb horizon %')) AS statement"
 )
-_MYSQL_TRX = (
-    "/* afdb horizon {nonce} */ SELECT NOW(6) AS session_now, UTC_TIMESTAMP(6) AS utc_now, "
-    "CONVERT_TZ(UTC_TIMESTAMP(6), '+00:00', 'SYSTEM') AS system_now, x.fresh, x.oldest, "
-    "x.holder_thread, (SELECT CONCAT('user `', COALESCE(p.USER, '?'), '@', COALESCE(p.HOST, '?'), "
-    "'`, ', COALESCE(p.COMMAND, '?')) FROM information_schema.PROCESSLIST AS p "
-    "WHERE p.ID = x.holder_thread) AS holder_session, {statements} FROM ("
-    "SELECT COALESCE(MAX(t.trx_mysql_thread_id = CONNECTION_ID() "
-    "AND LOCATE('afdb horizon {nonce}', t.trx_query) > 0), 0) AS fresh, "
-    f"MIN(CASE WHEN {_OTHER} THEN t.trx_started END) AS oldest, "
-    "CAST(SUBSTRING(MIN(CASE WHEN "
-    f"{_OTHER} THEN CONCAT(DATE_FORMAT(t.trx_started, '%Y%m%d%H%i%s'), "
-    "LPAD(t.trx_mysql_thread_id, 20, '0')) END), 15) AS UNSIGNED) AS holder_thread "
-    "FROM information_schema.INNODB_TRX AS t) AS x"
+_TRX = (
+    "/* afdb horizon {nonce} read */ SELECT t.trx_id, t.trx_started, "
+    "t.trx_mysql_thread_id AS thread, "
+    "(t.trx_mysql_thread_id = CONNECTION_ID() "
+    "AND LOCATE('afdb horizon {nonce} read', t.trx_query) > 0) AS mine, "
+    f"({_OTHER}) AS other, "
+    "CONCAT('user `', COALESCE(p.USER, '?'), '@', COALESCE(p.HOST, '?'), '`, ', "
+    "COALESCE(p.COMMAND, '?')) AS session "
+    "FROM information_schema.INNODB_TRX AS t "
+    "LEFT JOIN information_schema.PROCESSLIST AS p ON p.ID = t.trx_mysql_thread_id"
 )
 _MYSQL_ELAPSED = "(p.TIME + 1) * 1000000"
 _MARIADB_ELAPSED = "CEIL(p.TIME_MS * 1000)"
 
 
-def innodb_trx_sql(mariadb: bool, nonce: str) -> sa.TextClause:
-    """The reading of ``innodb_trx`` (and the process list) for one transaction's ``nonce``."""
-    statements = _STATEMENTS.format(elapsed=_MARIADB_ELAPSED if mariadb else _MYSQL_ELAPSED)
-    return sa.text(_MYSQL_TRX.replace("{statements}", statements).replace("{nonce}", nonce))
+def innodb_trx_sql(mariadb: bool, nonce: str) -> tuple[sa.TextClause, sa.TextClause]:
+    """The two statements of one reading for one transaction's ``nonce``: the clocks with the
+    running statements (``statement``), then ``innodb_trx``, a row per transaction."""
+    clocks = _CLOCKS.replace("{elapsed}", _MARIADB_ELAPSED if mariadb else _MYSQL_ELAPSED)
+    return sa.text(clocks.replace("{nonce}", nonce)), sa.text(_TRX.replace("{nonce}", nonce))
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """One reading: the clocks and the oldest running statement (naive UTC), and the open
+    transactions of a fresh ``innodb_trx`` snapshot (``None``: none proven fresh)."""
+
+    clocks: Any
+    trx: Sequence[Any] | None
+    taken: int
+
+    @property
+    def started(self) -> dt.datetime:
+        """T0: the server's UTC clock when the reading began."""
+        return self.clocks.utc_now  # type: ignore[no-any-return]
+
+    @property
+    def floor(self) -> dt.datetime:
+        """No statement running or begun since can have stamped a row older than this."""
+        statement = self.clocks.statement
+        return self.started if statement is None else min(self.started, statement)
 
 
 #: Seconds to wait for the innodb_trx cache to refresh before reading it again (InnoDB refreshes
@@ -98,19 +133,39 @@ INNODB_TRX_CACHE_IDLE = 0.12
 INNODB_TRX_PROOF_TIMEOUT = 2.0
 
 
-class MysqlTrxHorizon:
-    """MySQL/MariaDB date-time cursor: bound = oldest ``trx_started`` in ``innodb_trx``.
+#: Seconds between two readings beyond which the later one's new transactions get a doubtful
+#: floor (the reading before was long ago, e.g. the last timer run): while one first seen in this
+#: bound holds it, the reading is taken again (a short transaction has ended meanwhile).
+DOUBTFUL_GAP = 1.0
 
-    ``NOW()`` is the start of the statement, and InnoDB lists the transaction from its first
-    InnoDB statement, so a value stamped by ``INSERT``/``UPDATE ... NOW(6)`` is at or after the
-    ``trx_started`` of its transaction (which has whole seconds, rounded down); ``settle`` covers
-    the moment between the statement's clock read and the transaction's start. Needs the
-    ``PROCESS`` privilege. With none open the bound is the server's clock less ``settle``.
+
+@dataclass(frozen=True)
+class _Seen:
+    """An open transaction as first listed: its floor (``None``: unknown), whether that floor
+    is doubtful (unknown, or from a reading long before), and the bound call that listed it."""
+
+    floor: dt.datetime | None
+    doubtful: bool
+    call: int
+
+
+class MysqlTrxHorizon:
+    """MySQL/MariaDB date-time cursor: bound = oldest stamp an open transaction may have written.
+
+    ``NOW()`` is the start of the statement, and InnoDB lists the transaction in ``innodb_trx``
+    only from its first row operation (``trx_started``, which can be later than its rows'
+    stamps). Each open writing transaction is bounded by its floor instead: the clock and the
+    running statements of the reading before the first one that listed it (see the comment
+    above). A
+    statement still running is bounded by its start in the process list; ``settle`` covers the
+    moment between a statement's clock read and its appearance there. Needs the ``PROCESS``
+    privilege. With none open the bound is the server's clock less ``settle``.
 
     ``innodb_trx`` is a server-wide cache that other readers can keep from refreshing, so a
-    reading counts only when it proves itself newer than the clock read the bound starts from
-    (see the comment on ``innodb_trx_sql``). While no reading can prove that, the bound stays
-    where it last was proven safe and :attr:`hold` says why (never a finished transaction).
+    reading counts only when it proves itself newer than the process list it is read with. While
+    no reading can prove that, the bound stays where it last was proven safe and :attr:`hold`
+    says why (never a finished transaction). A transaction already open at this horizon's first
+    reading has no known floor: the bound holds entirely until it ends.
     """
 
     name = "mysql_innodb_trx"
@@ -126,6 +181,12 @@ class MysqlTrxHorizon:
         self.hold: HorizonHold | None = None
         self._proven: KeyValue | None = None  # the last bound a fresh reading gave
         self._stale_since: dt.datetime | None = None
+        # The open transactions of the last fresh reading by trx_id, and that reading's own
+        # floor and T0 (None before the first reading); the number of the bound call.
+        self._seen: dict[Any, _Seen] = {}
+        self._floor: dt.datetime | None = None
+        self._previous: dt.datetime | None = None
+        self._call = 0
 
     def prepare(self, target: HorizonTarget) -> None:
         """Require MySQL/MariaDB, a time cursor and the ``PROCESS`` privilege."""
@@ -134,79 +195,117 @@ class MysqlTrxHorizon:
         usable(self, target)
 
     def bound(self, target: HorizonTarget, now: dt.datetime) -> KeyValue | None:
-        """``min(oldest trx_started, server clock, statements running) - settle``, then lag."""
+        """``min(server clock, statements running, open transactions' floors) - settle``,
+        then lag."""
         return apply_lag(self.safe_bound(target), target, now)
 
     def safe_bound(self, target: HorizonTarget) -> KeyValue | None:
         """The bound without ``lag``; raises :class:`HorizonUnavailable`."""
-        try:
-            started, row, taken = self._fresh_reading(target)
-        except sa.exc.DBAPIError as exc:
-            message = str(exc.orig).lower()
-            if "access denied" in message or "process privilege" in message:
-                user = target.engine.url.username or "the user"
-                grant = f"GRANT PROCESS ON *.* TO {user}"
-                raise HorizonUnavailable(
-                    f"user `{user}` may not read information_schema.innodb_trx; fix: `{grant}`",
-                    fix=grant,
-                ) from exc
-            raise
-        if row is None:
-            return self._held_stale(target, started, taken)
-        if self._stale_since is not None:
-            logger.info(
-                "action=horizon_resumed table=%s reason=innodb_trx_refreshed stale_seconds=%.1f",
-                target.table,
-                (started - self._stale_since.replace(tzinfo=None)).total_seconds(),
-            )
-            self._stale_since = None
-        oldest: dt.datetime = started
-        self.hold = None
-        if row.oldest is not None:
-            # Read trx_started in both zones it may be written in; a reading in the future is
-            # the wrong one, and of two plausible readings the earlier is the safe one.
-            utc_now: dt.datetime = row.utc_now
-            readings = [
-                row.oldest - (zone_now - utc_now)
-                for zone_now in (row.session_now, row.system_now)
-                if zone_now is not None
-            ]
-            plausible = [r for r in readings if r <= utc_now + self.settle] or readings
-            held = min(plausible)
-            oldest = min(oldest, held)
-            holder = f"thread {row.holder_thread}"
-            if row.holder_session is not None:
-                holder += f", {row.holder_session}"
-            self.hold = HorizonHold(since=held.replace(tzinfo=dt.UTC), holder=holder)
-        if row.statement is not None:
-            oldest = min(oldest, row.statement)
+        deadline = time.monotonic() + self.proof_timeout
+        self._call += 1
+        while True:
+            try:
+                reading = self._fresh_reading(target, deadline)
+            except sa.exc.DBAPIError as exc:
+                message = str(exc.orig).lower()
+                if "access denied" in message or "process privilege" in message:
+                    user = target.engine.url.username or "the user"
+                    grant = f"GRANT PROCESS ON *.* TO {user}"
+                    raise HorizonUnavailable(
+                        f"user `{user}` may not read information_schema.innodb_trx; fix: `{grant}`",
+                        fix=grant,
+                    ) from exc
+                raise
+            if reading.trx is None:
+                return self._held_stale(target, reading.started, reading.taken)
+            if self._stale_since is not None:
+                logger.info(
+                    "action=horizon_resumed table=%s reason=innodb_trx_refreshed "
+                    "stale_seconds=%.1f",
+                    target.table,
+                    (reading.started - self._stale_since.replace(tzinfo=None)).total_seconds(),
+                )
+                self._stale_since = None
+            oldest, again = self._account(reading)
+            if not again or time.monotonic() + INNODB_TRX_CACHE_IDLE > deadline:
+                break
+            time.sleep(INNODB_TRX_CACHE_IDLE)
         bound = time_bound(
             (oldest - self.settle).replace(tzinfo=dt.UTC), target.cursor, target.zone
         )
         self._proven = bound
         return bound
 
-    def _fresh_reading(self, target: HorizonTarget) -> tuple[dt.datetime, Any, int]:
-        """(T0, a reading of innodb_trx taken after T0, how many were taken), the reading
-        ``None`` when none could be proven fresh within ``proof_timeout``."""
+    def _account(self, reading: _Reading) -> tuple[dt.datetime, bool]:
+        """Remember the reading's transactions and floors; (the oldest stamp they and the
+        running statements may have written, naive UTC, before ``settle``; whether to read
+        again: the transaction holding it was first listed in this bound call, with a doubtful
+        floor)."""
+        assert reading.trx is not None
+        clocks, previous = reading.clocks, self._previous
+        gap = None if previous is None else (reading.started - previous).total_seconds()
+        new = _Seen(self._floor, gap is None or gap > DOUBTFUL_GAP, self._call)
+        oldest = reading.floor
+        self.hold = None
+        again = False
+        seen: dict[Any, _Seen] = {}
+        for trx in reading.trx:
+            if not trx.other:
+                continue
+            known = seen[trx.trx_id] = self._seen.get(trx.trx_id, new)
+            # The floor, not trx_started: that is when InnoDB registered it, which can be later
+            # than its rows' stamps (and has whole seconds).
+            floor = known.floor
+            low = HELD_ENTIRELY.replace(tzinfo=None) if floor is None else floor
+            if low >= oldest:
+                continue
+            oldest = low
+            holder = f"thread {trx.thread}"
+            if trx.session is not None:
+                holder += f", {trx.session}"
+            since = floor
+            if since is None:
+                holder += " (open before this poller's first reading: its rows' stamps unknown)"
+                since = self._utc(trx.trx_started, clocks)
+            self.hold = HorizonHold(since=since.replace(tzinfo=dt.UTC), holder=holder)
+            again = known.doubtful and known.call == self._call
+        self._seen, self._floor, self._previous = seen, reading.floor, reading.started
+        return oldest, again
+
+    def _utc(self, trx_started: dt.datetime, clocks: Any) -> dt.datetime:
+        """``trx_started`` in naive UTC. It is written in the server's system zone on MariaDB,
+        in the session zone elsewhere: of the readings not in the future, the earlier one (the
+        safe one)."""
+        utc_now: dt.datetime = clocks.utc_now
+        readings = [
+            trx_started - (zone_now - utc_now)
+            for zone_now in (clocks.session_now, clocks.system_now)
+            if zone_now is not None
+        ]
+        plausible = [r for r in readings if r <= utc_now + self.settle] or readings
+        earliest: dt.datetime = min(plausible)
+        return earliest
+
+    def _fresh_reading(self, target: HorizonTarget, deadline: float) -> _Reading:
+        """A reading whose ``innodb_trx`` snapshot was taken after its process list (``trx``
+        ``None`` when none could be proven so by ``deadline``: at least one is tried)."""
         nonce = uuid.uuid4().hex
         mariadb = bool(getattr(target.engine.dialect, "is_mariadb", False))
-        reading = innodb_trx_sql(mariadb, nonce)
+        clocks_sql, trx_sql = innodb_trx_sql(mariadb, nonce)
         with target.engine.connect() as conn:
             try:
-                started: dt.datetime = conn.execute(UTC_NOW_SQL).scalar_one()
                 conn.exec_driver_sql(START_READ_ONLY.replace("{nonce}", nonce))
                 locked = conn.exec_driver_sql(TAKE_LOCK.replace("{nonce}", nonce)).scalar()
                 try:
-                    deadline = time.monotonic() + self.proof_timeout
+                    clocks = conn.execute(clocks_sql).one()
                     taken = 0
                     while True:
-                        row = conn.execute(reading).one()
+                        rows = conn.execute(trx_sql).all()
                         taken += 1
-                        if row.fresh:
-                            return started, row, taken
+                        if any(row.mine for row in rows):
+                            return _Reading(clocks, rows, taken)
                         if time.monotonic() + INNODB_TRX_CACHE_IDLE > deadline:
-                            return started, None, taken
+                            return _Reading(clocks, None, taken)
                         time.sleep(INNODB_TRX_CACHE_IDLE)
                 finally:
                     conn.exec_driver_sql("ROLLBACK")  # ends the read-only transaction

@@ -2,6 +2,10 @@
 
 - MariaDB: a statement that read ``NOW(6)`` and is delayed before it touches InnoDB (a slow
   subquery, a metadata-lock wait) is not in ``innodb_trx`` yet; the process list has it.
+- MariaDB: once that statement has ended, its transaction still open, ``innodb_trx`` lists it
+  with a ``trx_started`` later than the row's stamp by the whole wait, and the process list no
+  longer has the statement: the transaction's floor (from the reading before the one that first
+  listed it) holds the bound; one already open at the horizon's first reading holds it entirely.
 - PostgreSQL: a session with ``track_activities = off`` shows no ``xact_start``.
 
 Each scenario commits the late row after the poller has moved past its stamp: with the fix it
@@ -170,4 +174,126 @@ def test_pg_session_with_track_activities_off_holds_the_bound(pg_table):
 def test_pg_control_without_a_horizon_loses_the_untracked_row(pg_table):
     url, table, schema = pg_table
     delivered = late_row_scenario(url, table, NoHorizon(), _untracked_writer(schema), schema=schema)
+    assert 100 not in delivered, "the scenario must be able to lose the row"
+
+
+# -- MariaDB: the transaction stays open after the statement that waited -----------------------
+
+
+class _WaitedThenOpen:
+    """A writer whose first statement stamps row 100 with NOW(6), then waits ``wait`` seconds
+    for a table lock before InnoDB registers its transaction (trx_started is then ``wait``
+    later than the stamp), and whose transaction stays open ``open_for`` seconds after it."""
+
+    def __init__(self, engine: sa.Engine, wait: float = 2.0, open_for: float = 2.5) -> None:
+        self.engine, self.wait, self.open_for = engine, wait, open_for
+        self.statement_done = threading.Event()
+        self.committed = threading.Event()
+
+    def __call__(self) -> None:
+        blocker = self.engine.connect()
+        blocker.exec_driver_sql("LOCK TABLES side WRITE")
+
+        def unlock() -> None:
+            blocker.exec_driver_sql("UNLOCK TABLES")
+            blocker.close()
+
+        release = threading.Timer(self.wait, unlock)
+        release.start()
+        with self.engine.connect() as conn:
+            conn.exec_driver_sql("BEGIN")
+            conn.exec_driver_sql("INSERT INTO t SELECT 100, NOW(6) FROM side LIMIT 1")
+            self.statement_done.set()
+            time.sleep(self.open_for)
+            conn.exec_driver_sql("COMMIT")
+        self.committed.set()
+        release.join()
+
+
+def _poll_while_writing(
+    url: str, horizon: object, writer: _WaitedThenOpen, *, first_poll_after: float = 0.0
+) -> tuple[list[int], list[str]]:
+    """Fast rows every 0.25 s, each followed by a poll (the source opened, and so first read
+    the horizon, ``first_poll_after`` seconds in), while ``writer`` runs; then polls until row
+    100 arrives. The ids delivered, and the holds the horizon reported while the writer's
+    transaction was open."""
+    engine = writer.engine
+    source = SqlSource(url, "t", "updated_at", "id", horizon=horizon)  # type: ignore[arg-type]
+    state: dict[str, object] = {}
+    holds: list[str] = []
+    try:
+        worker = threading.Thread(target=writer, daemon=True)
+        began = time.monotonic()
+        worker.start()
+        row_id, opened = 0, False
+        while not writer.committed.is_set() and time.monotonic() - began < 15:
+            row_id += 1
+            with engine.begin() as conn:
+                conn.exec_driver_sql(f"INSERT INTO t VALUES ({row_id}, NOW(6))")
+            if time.monotonic() - began >= first_poll_after:
+                if not opened:
+                    source.open({})
+                    opened = True
+                drain(source, state)
+                hold = source.horizon().hold
+                if hold is not None and not writer.committed.is_set():
+                    holds.append(hold.holder)
+            time.sleep(0.25)
+        worker.join(30)
+        assert not worker.is_alive()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            drain(source, state)
+            if 100 in state["delivered"] and row_id in state["delivered"]:  # type: ignore[operator]
+                break
+            time.sleep(0.2)
+        delivered = list(state["delivered"])  # type: ignore[call-overload]
+        assert set(range(1, row_id + 1)) <= set(delivered), "a fast row was lost"
+        return delivered, holds
+    finally:
+        source.close()
+        engine.dispose()
+
+
+@pytest.mark.mysql
+@pytest.mark.parametrize("settle", [SETTLE, None], ids=["settle-0.3s", "default"])
+def test_mariadb_row_of_a_statement_that_waited_before_innodb_is_not_passed_after_it(
+    maria_table, settle
+):
+    """The statement waits 2 s for a table lock after reading NOW(6); once it ends, InnoDB lists
+    its transaction with a trx_started 2 s after the row's stamp, and the process list no longer
+    has the statement. Until the fix, the default horizon (settle 1 s) passed the row here (seen
+    2026-11-27 06:03: 25 of 26 rows). The transaction's floor, from the reading that saw its
+    statement running, holds the bound until it commits."""
+    url, _ = maria_table
+    writer = _WaitedThenOpen(sa.create_engine(url, poolclass=sa.NullPool))
+    horizon = AutoHorizon() if settle is None else AutoHorizon(settle=settle)
+    delivered, holds = _poll_while_writing(url, horizon, writer)
+    assert 100 in delivered
+    assert holds, "the open transaction held the bound, and said so"
+
+
+@pytest.mark.mysql
+def test_mariadb_transaction_open_before_the_first_reading_holds_the_bound_until_it_ends(
+    maria_table,
+):
+    """The poller's first reading comes after the waiting statement ended, its transaction
+    still open: nothing says how old its rows are, so the bound holds entirely (and says why)
+    until it commits; then every row is delivered."""
+    url, _ = maria_table
+    writer = _WaitedThenOpen(sa.create_engine(url, poolclass=sa.NullPool), open_for=3.0)
+    delivered, holds = _poll_while_writing(
+        url, AutoHorizon(settle=SETTLE), writer, first_poll_after=2.5
+    )
+    assert 100 in delivered
+    assert any("first reading" in hold for hold in holds), holds
+
+
+@pytest.mark.mysql
+def test_mariadb_control_without_a_horizon_loses_the_row_of_the_statement_that_waited(
+    maria_table,
+):
+    url, _ = maria_table
+    writer = _WaitedThenOpen(sa.create_engine(url, poolclass=sa.NullPool))
+    delivered, _ = _poll_while_writing(url, NoHorizon(), writer)
     assert 100 not in delivered, "the scenario must be able to lose the row"
