@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -187,6 +188,9 @@ class MysqlTrxHorizon:
         self._floor: dt.datetime | None = None
         self._previous: dt.datetime | None = None
         self._call = 0
+        # One bound at a time: a floor must come from a reading taken before the one that uses
+        # it (an instance shared by pollers on several threads).
+        self._lock = threading.Lock()
 
     def prepare(self, target: HorizonTarget) -> None:
         """Require MySQL/MariaDB, a time cursor and the ``PROCESS`` privilege."""
@@ -201,6 +205,10 @@ class MysqlTrxHorizon:
 
     def safe_bound(self, target: HorizonTarget) -> KeyValue | None:
         """The bound without ``lag``; raises :class:`HorizonUnavailable`."""
+        with self._lock:
+            return self._safe_bound(target)
+
+    def _safe_bound(self, target: HorizonTarget) -> KeyValue | None:
         deadline = time.monotonic() + self.proof_timeout
         self._call += 1
         while True:
