@@ -263,10 +263,11 @@ def run(ctx: Context) -> BenchmarkResult:
         "same server holds them back too."
     )
     result.note(
-        "MariaDB: the bound is the oldest open transaction's trx_started (whole seconds, rounded "
-        "down) less the settle margin, so a late transaction also holds back rows stamped up to "
-        "about 2 s before it began, which their due time does not count; overlapping late "
-        "transactions chain such holds: that is MariaDB's tail."
+        "MariaDB: an open transaction bounds the horizon at its floor (the clock of the reading "
+        "before the one that first listed it, up to a poll interval before its start) less the "
+        "settle margin, so a late transaction also holds back rows stamped up to about 1.2 s "
+        "before it began, which their due time does not count; overlapping late transactions "
+        "(two late writers) chain such holds: that is MariaDB's tail."
     )
     result.note(
         "bare: a negative due-based latency is a row delivered before a late transaction "
