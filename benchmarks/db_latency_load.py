@@ -23,21 +23,17 @@ rows with a smaller cursor). Latency is the handler's first sight of the row min
 from __future__ import annotations
 
 import itertools
-import os
 import random
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import sqlalchemy as sa
-
 from azure_functions_db.core.batch import Batch
+from benchmarks import maria_fixture as maria
 from benchmarks import pg_fixture as pg
-from benchmarks.pg_sinks import DEFAULT_MYSQL_URL, MYSQL_URL_ENV
 
 EVERY = 0.005  # seconds between the fast writer's inserts: 200 rows/s
 LATE_WRITERS = 2
@@ -116,44 +112,23 @@ def postgres() -> Iterator[Database]:
 @contextmanager
 def mariadb() -> Iterator[Database | str]:
     """MariaDB with a scratch database, dropped afterwards; or why it was not measured."""
-    try:
-        import pymysql
-    except ImportError as exc:
-        yield f"needs PyMySQL (the `mysql` extra): {exc}"
-        return
-    url = sa.make_url(os.environ.get(MYSQL_URL_ENV, DEFAULT_MYSQL_URL))
-    database = f"afdb_bench_{uuid.uuid4().hex[:10]}"
-    options = {
-        "host": url.host or "127.0.0.1",
-        "port": url.port or 3306,
-        "user": url.username or "root",
-        "password": url.password or "",
-        "connect_timeout": pg.CONNECT_TIMEOUT,
-    }
-    try:
-        admin = pymysql.connect(autocommit=True, **options)
-    except pymysql.Error as exc:
-        yield f"MariaDB at {url.render_as_string(hide_password=True)} does not answer ({exc})"
-        return
-    with admin:
-        admin.cursor().execute(f"CREATE DATABASE `{database}`")
+    with maria.scratch_database() as scratch:
+        if isinstance(scratch, str):
+            yield scratch
+            return
 
-    def connect(autocommit: bool) -> Any:
-        return pymysql.connect(database=database, autocommit=autocommit, **options)
+        def connect(autocommit: bool) -> Any:
+            return scratch.connect(autocommit=autocommit)
 
-    try:
         yield Database(
             key="maria",
             label="MariaDB",
-            url=url.set(database=database).render_as_string(hide_password=False),
+            url=scratch.url,
             schema=None,
             now="NOW(6)",
             column="datetime(6)",
             connect=connect,
         )
-    finally:
-        with pymysql.connect(autocommit=True, **options) as admin:
-            admin.cursor().execute(f"DROP DATABASE IF EXISTS `{database}`")
 
 
 class Load:

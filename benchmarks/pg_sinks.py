@@ -29,7 +29,6 @@ from __future__ import annotations
 import operator
 import os
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ from azure_functions_db.core.engine import Engine, Handler
 from azure_functions_db.sinks.sql import SqlSink
 from azure_functions_db.sinks.writes import SqlWriter
 from benchmarks import engine_runs as runs
+from benchmarks import maria_fixture as maria
 from benchmarks import pg_fixture as pg
 from benchmarks.harness import (
     Benchmark,
@@ -56,8 +56,6 @@ from benchmarks.harness import (
 TARGET = "issue 31: >= 0.9"
 COPY = "orders_copy"
 POSITIONS = "afdb_positions"
-MYSQL_URL_ENV = "AFDB_BENCH_MYSQL_URL"
-DEFAULT_MYSQL_URL = "mysql+pymysql://root@127.0.0.1:3306/test"
 #: The source table is N / ``SHARE`` rows: every drain inserts each of its rows once more.
 SHARE = 5
 
@@ -136,42 +134,16 @@ def pg_target(server: pg.Server) -> Target:
 @contextmanager
 def mysql_target() -> Iterator[Target | str]:
     """A scratch database on MariaDB with ``orders_copy``, dropped afterwards; or why not."""
-    try:
-        import pymysql
-    except ImportError as exc:
-        yield f"needs PyMySQL (the `mysql` extra): {exc}"
-        return
-    url = sa.make_url(os.environ.get(MYSQL_URL_ENV, DEFAULT_MYSQL_URL))
-    database = f"afdb_bench_{uuid.uuid4().hex[:10]}"
-    options = {
-        "host": url.host or "127.0.0.1",
-        "port": url.port or 3306,
-        "user": url.username or "root",
-        "password": url.password or "",
-        "connect_timeout": pg.CONNECT_TIMEOUT,
-    }
-    try:
-        admin = pymysql.connect(autocommit=True, **options)
-    except pymysql.Error as exc:
-        yield f"MariaDB at {url.render_as_string(hide_password=True)} does not answer ({exc})"
-        return
-    with admin:
-        admin.cursor().execute(f"CREATE DATABASE `{database}`")
-    target = Target(
-        name="maria",
-        url=url.set(database=database).render_as_string(hide_password=False),
-        schema=None,
-        connect=lambda: pymysql.connect(database=database, **options),
-    )
-    try:
+    with maria.scratch_database() as scratch:
+        if isinstance(scratch, str):
+            yield scratch
+            return
+        target = Target(name="maria", url=scratch.url, schema=None, connect=scratch.connect)
         target.execute(
             f"CREATE TABLE {target.qualified} (id bigint PRIMARY KEY, note text NOT NULL, "
             "updated_at datetime(6)) ENGINE=InnoDB"
         )
         yield target
-    finally:
-        with pymysql.connect(autocommit=True, **options) as admin:
-            admin.cursor().execute(f"DROP DATABASE IF EXISTS `{database}`")
 
 
 #: The baseline's values of a row: ``change.data`` read once per row (not once per column).
