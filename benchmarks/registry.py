@@ -11,6 +11,7 @@ from benchmarks import (
     azurite_requests,
     db_latency,
     delta_sink,
+    horizon_window,
     mysql_trigger_replay,
     pg_drain,
     pg_remote,
@@ -36,6 +37,7 @@ ALL: tuple[Benchmark, ...] = (
     pg_remote.BENCHMARK,
     pg_sinks.BENCHMARK,
     db_latency.BENCHMARK,
+    horizon_window.BENCHMARK,
     spark_backfill.BENCHMARK,
     mysql_trigger_replay.BENCHMARK,
 )
