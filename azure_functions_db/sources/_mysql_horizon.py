@@ -238,9 +238,9 @@ class MysqlTrxHorizon:
             if not again or time.monotonic() + INNODB_TRX_CACHE_IDLE > deadline:
                 break
             time.sleep(INNODB_TRX_CACHE_IDLE)
-        bound = time_bound(
-            (oldest - self.settle).replace(tzinfo=dt.UTC), target.cursor, target.zone
-        )
+        held = oldest <= HELD_ENTIRELY.replace(tzinfo=None)  # (no settle below 1970)
+        when = HELD_ENTIRELY if held else (oldest - self.settle).replace(tzinfo=dt.UTC)
+        bound = time_bound(when, target.cursor, target.zone)
         self._proven = bound
         return bound
 
