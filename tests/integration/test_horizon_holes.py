@@ -211,12 +211,12 @@ class _WaitedThenOpen:
 
 
 def _poll_while_writing(
-    url: str, horizon: object, writer: _WaitedThenOpen, *, first_poll_after: float = 0.0
+    url: str, horizon: object, writer: _WaitedThenOpen, *, late_start: bool = False
 ) -> tuple[list[int], list[str]]:
-    """Fast rows every 0.25 s, each followed by a poll (the source opened, and so first read
-    the horizon, ``first_poll_after`` seconds in), while ``writer`` runs; then polls until row
-    100 arrives. The ids delivered, and the holds the horizon reported while the writer's
-    transaction was open."""
+    """Fast rows every 0.25 s, each followed by a poll, while ``writer`` runs (``late_start``:
+    the source is opened, and so first reads the horizon, only once the writer's statement has
+    ended); then polls until row 100 arrives. The ids delivered, and the holds the horizon
+    reported while the writer's transaction was open."""
     engine = writer.engine
     source = SqlSource(url, "t", "updated_at", "id", horizon=horizon)  # type: ignore[arg-type]
     state: dict[str, object] = {}
@@ -230,7 +230,7 @@ def _poll_while_writing(
             row_id += 1
             with engine.begin() as conn:
                 conn.exec_driver_sql(f"INSERT INTO t VALUES ({row_id}, NOW(6))")
-            if time.monotonic() - began >= first_poll_after:
+            if not late_start or writer.statement_done.is_set():
                 if not opened:
                     source.open({})
                     opened = True
@@ -282,9 +282,7 @@ def test_mariadb_transaction_open_before_the_first_reading_holds_the_bound_until
     until it commits; then every row is delivered."""
     url, _ = maria_table
     writer = _WaitedThenOpen(sa.create_engine(url, poolclass=sa.NullPool), open_for=3.0)
-    delivered, holds = _poll_while_writing(
-        url, AutoHorizon(settle=SETTLE), writer, first_poll_after=2.5
-    )
+    delivered, holds = _poll_while_writing(url, AutoHorizon(settle=SETTLE), writer, late_start=True)
     assert 100 in delivered
     assert any("first reading" in hold for hold in holds), holds
 
