@@ -64,6 +64,7 @@ class _Run:
         self.lock = threading.Lock()
         self.errors: list[BaseException] = []
         self.probes: list[tuple[dt.datetime, set[int]]] = []
+        self.controls: list[tuple[dt.datetime, set[int]]] = []  # the clock alone as the bound
 
     def _guarded(self, work: Callable[[], None]) -> Callable[[], None]:
         def run() -> None:
@@ -98,13 +99,22 @@ class _Run:
         source.open({})
         conn = self.db.connect(True)
         visible = f"SELECT id FROM {self.db.table} WHERE updated_at >= %s AND updated_at < %s"
+        pg = self.db.key == "pg"
+        clock = "SELECT clock_timestamp()" if pg else "SELECT UTC_TIMESTAMP(6)"
+        look = dt.timedelta(seconds=LOOK)
         try:
             cur = conn.cursor()
             while not self.stop.is_set():
                 bound = source.horizon().bound
                 assert isinstance(bound, dt.datetime), bound
-                cur.execute(visible, (bound - dt.timedelta(seconds=LOOK), bound))
+                cur.execute(visible, (bound - look, bound))
                 self.probes.append((_naive_utc(bound), {int(r[0]) for r in cur.fetchall()}))
+                # The control: the server's clock alone as the bound (no open transaction
+                # waited for), read the same way: the meter must see it pass rows over.
+                cur.execute(clock)
+                now = cur.fetchone()[0]
+                cur.execute(visible, (now - look, now))
+                self.controls.append((_naive_utc(now), {int(r[0]) for r in cur.fetchall()}))
                 time.sleep(0.02)
         finally:
             conn.close()
@@ -125,14 +135,19 @@ class _Run:
             (_naive_utc(at), int(row))
             for row, at in self.db.execute(f"SELECT id, updated_at FROM {self.db.table}")
         )
-        return self._judge(stamps)
+        judged = self._judge(stamps, self.probes)
+        judged["control"] = self._judge(stamps, self.controls)
+        return judged
 
-    def _judge(self, stamps: list[tuple[dt.datetime, int]]) -> dict[str, Any]:
+    @staticmethod
+    def _judge(
+        stamps: list[tuple[dt.datetime, int]], probes: list[tuple[dt.datetime, set[int]]]
+    ) -> dict[str, Any]:
         import bisect
 
         depths: list[float] = []
         look = dt.timedelta(seconds=LOOK)
-        for bound, seen in self.probes:
+        for bound, seen in probes:
             low = bisect.bisect_left(stamps, (bound - look, -1))
             high = bisect.bisect_left(stamps, (bound, -1))
             depths.extend(
@@ -140,7 +155,7 @@ class _Run:
             )
         return {
             "rows": len(stamps),
-            "probes": len(self.probes),
+            "probes": len(probes),
             "violations": {m: sum(1 for d in depths if d > m) for m in MARGINS},
             "deepest": max(depths, default=0.0),
         }
@@ -174,6 +189,15 @@ def run(ctx: Context) -> BenchmarkResult:
                     "rows",
                     "(probe, row) pairs: stamped below the bound less the margin, not yet visible",
                 )
+            control = got["control"]["violations"][0.0]
+            result.metric(
+                f"{db.key}_control_lost",
+                f"{db.label}: control, the clock alone as the bound: rows passed over",
+                control,
+                "rows",
+                f"deepest {got['control']['deepest'] * 1000:.3f} ms; must be > 0: the meter sees "
+                "rows of transactions in flight",
+            )
             result.metric(
                 f"{db.key}_deepest",
                 f"{db.label}: deepest passed-over stamp below a settle-0 bound",
