@@ -35,7 +35,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
 from typing import Any
 
 from azure_functions_db.core.clock import SystemClock
@@ -51,10 +50,9 @@ from benchmarks.db_latency_load import (
     Database,
     Figures,
     Load,
+    databases,
     figures,
-    mariadb,
     percentile,
-    postgres,
 )
 from benchmarks.harness import Benchmark, BenchmarkResult, Context
 
@@ -231,14 +229,8 @@ def _record(result: BenchmarkResult, db: Database, mode: str, got: Figures, deta
 def run(ctx: Context) -> BenchmarkResult:
     result = BenchmarkResult(name=BENCHMARK.name, title=BENCHMARK.title, tier=BENCHMARK.tier)
     seconds = QUICK_SECONDS if ctx.quick else SECONDS
-    with ExitStack() as stack:
-        databases = [stack.enter_context(postgres())]
-        maria = stack.enter_context(mariadb())
-        if isinstance(maria, Database):
-            databases.append(maria)
-        else:
-            result.note(f"MariaDB was not measured: {maria}")
-        for db in databases:
+    with databases(result.note) as found:
+        for db in found:
             for mode in MODES:
                 got, detail = _measure(db, mode, ctx, seconds)
                 _record(result, db, mode, got, detail)

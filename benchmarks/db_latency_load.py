@@ -27,7 +27,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,6 +129,20 @@ def mariadb() -> Iterator[Database | str]:
             column="datetime(6)",
             connect=connect,
         )
+
+
+@contextmanager
+def databases(note: Callable[[str], None]) -> Iterator[list[Database]]:
+    """PostgreSQL, and MariaDB when it answers (``note`` says why not otherwise), each with its
+    scratch schema or database for the time of the ``with``."""
+    with ExitStack() as stack:
+        found = [stack.enter_context(postgres())]
+        maria = stack.enter_context(mariadb())
+        if isinstance(maria, Database):
+            found.append(maria)
+        else:
+            note(f"MariaDB was not measured: {maria}")
+        yield found
 
 
 class Load:

@@ -13,7 +13,10 @@ database, instead of assuming it:
   at every point of their work, the window's included;
 - a probe reads the horizon with ``settle = 0`` (the strategy ``horizon="auto"`` picks:
   ``PgXactStartHorizon`` / ``MysqlTrxHorizon``), then, in a later statement as the engine does,
-  the ids visible with a stamp in the second below that bound; again and again.
+  the ids visible with a stamp in the second below that bound; again and again;
+- a control probe does the same every few milliseconds with the server's clock alone as the
+  bound (no open transaction waited for): it must see rows passed over, or the meter could not
+  see any.
 
 Afterwards every committed row is read. A row stamped below a probe's bound that the probe did
 not see is one a poller at that margin would have passed over: lost. For each margin of
@@ -30,12 +33,11 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
 from typing import Any
 
 from azure_functions_db.sources import MysqlTrxHorizon, PgXactStartHorizon
 from azure_functions_db.sources.sqlalchemy import SqlSource
-from benchmarks.db_latency_load import Database, mariadb, postgres
+from benchmarks.db_latency_load import Database, databases
 from benchmarks.harness import Benchmark, BenchmarkResult, Context
 
 SECONDS = 20.0
@@ -98,31 +100,43 @@ class _Run:
         )
         source.open({})
         conn = self.db.connect(True)
-        visible = f"SELECT id FROM {self.db.table} WHERE updated_at >= %s AND updated_at < %s"
-        pg = self.db.key == "pg"
-        clock = "SELECT clock_timestamp()" if pg else "SELECT UTC_TIMESTAMP(6)"
-        look = dt.timedelta(seconds=LOOK)
         try:
             cur = conn.cursor()
             while not self.stop.is_set():
                 bound = source.horizon().bound
                 assert isinstance(bound, dt.datetime), bound
-                cur.execute(visible, (bound - look, bound))
-                self.probes.append((_naive_utc(bound), {int(r[0]) for r in cur.fetchall()}))
-                # The control: the server's clock alone as the bound (no open transaction
-                # waited for), read the same way: the meter must see it pass rows over.
-                cur.execute(clock)
-                now = cur.fetchone()[0]
-                cur.execute(visible, (now - look, now))
-                self.controls.append((_naive_utc(now), {int(r[0]) for r in cur.fetchall()}))
+                self.probes.append(self._below(cur, bound))
                 time.sleep(0.02)
         finally:
             conn.close()
             source.close()
 
+    def control(self) -> None:
+        """The server's clock alone as the bound (no open transaction waited for), read the
+        same way, every few milliseconds: the meter must see it pass rows over."""
+        conn = self.db.connect(True)
+        clock = "SELECT clock_timestamp()" if self.db.key == "pg" else "SELECT UTC_TIMESTAMP(6)"
+        try:
+            cur = conn.cursor()
+            while not self.stop.is_set():
+                cur.execute(clock)
+                self.controls.append(self._below(cur, cur.fetchone()[0]))
+                time.sleep(0.005)
+        finally:
+            conn.close()
+
+    def _below(self, cur: Any, bound: dt.datetime) -> tuple[dt.datetime, set[int]]:
+        """``bound`` (naive UTC) and the ids visible in the second below it, read now."""
+        cur.execute(
+            f"SELECT id FROM {self.db.table} WHERE updated_at >= %s AND updated_at < %s",
+            (bound - dt.timedelta(seconds=LOOK), bound),
+        )
+        return _naive_utc(bound), {int(row[0]) for row in cur.fetchall()}
+
     def measure(self) -> dict[str, Any]:
         threads = [threading.Thread(target=self._guarded(self.write)) for _ in range(WRITERS)]
         threads.append(threading.Thread(target=self._guarded(self.probe)))
+        threads.append(threading.Thread(target=self._guarded(self.control)))
         for thread in threads:
             thread.start()
         self.stop.wait(self.seconds)
@@ -164,14 +178,8 @@ class _Run:
 def run(ctx: Context) -> BenchmarkResult:
     result = BenchmarkResult(name=BENCHMARK.name, title=BENCHMARK.title, tier=BENCHMARK.tier)
     seconds = QUICK_SECONDS if ctx.quick else SECONDS
-    with ExitStack() as stack:
-        databases = [stack.enter_context(postgres())]
-        maria = stack.enter_context(mariadb())
-        if isinstance(maria, Database):
-            databases.append(maria)
-        else:
-            result.note(f"MariaDB was not measured: {maria}")
-        for db in databases:
+    with databases(result.note) as found:
+        for db in found:
             ctx.progress(f"{db.label}: {WRITERS} writers and a probe for {seconds:g} s")
             got = _Run(db, seconds).measure()
             rate = got["rows"] / seconds
