@@ -64,7 +64,6 @@ logger = logging.getLogger(__name__)
 # listed for the first time in this bound's readings whose floor is unknown or doubtful (the
 # reading before was more than DOUBTFUL_GAP earlier: the last timer run), the reading is taken
 # again (a short transaction has ended meanwhile), for up to `proof_timeout`.
-UTC_NOW_SQL = sa.text("SELECT UTC_TIMESTAMP(6)")
 START_READ_ONLY = "/* afdb horizon {nonce} */ START TRANSACTION READ ONLY, WITH CONSISTENT SNAPSHOT"
 #: The server-wide named lock our readers of innodb_trx take turns under, and how long one waits.
 INNODB_TRX_LOCK = "afdb.innodb_trx"
