@@ -72,16 +72,25 @@ TAKE_LOCK = (
     f"/* afdb horizon {{nonce}} */ SELECT GET_LOCK('{INNODB_TRX_LOCK}', {INNODB_TRX_LOCK_WAIT})"
 )
 RELEASE_LOCK = f"DO RELEASE_LOCK('{INNODB_TRX_LOCK}')"
-_OTHER = "t.trx_mysql_thread_id <> CONNECTION_ID() AND t.trx_is_read_only = 0"
+# A transaction counts once it has modified a row: its row's stamp is its writing statement's
+# start, and a statement that has not finished writing is in the process list. One that has
+# not written yet (MariaDB lists them all as trx_id 0, MySQL under ids that are reused) stamps
+# nothing older than the statements still to come.
+_OTHER = (
+    "t.trx_mysql_thread_id <> CONNECTION_ID() AND t.trx_is_read_only = 0 "
+    "AND t.trx_rows_modified > 0"
+)
 # Every thread running a command counts (also `Busy`, and one whose INFO is not set yet: the
-# start shown is then its previous command's, earlier), except our horizon readers' read-only
-# statements (they would hold the bound for their lock wait).
+# start shown is then its previous command's, earlier; and the event scheduler's workers, whose
+# command is `Connect` while they run an event's statement), except our horizon readers'
+# read-only statements (they would hold the bound for their lock wait).
 _CLOCKS = (
     "/* afdb horizon {nonce} */ SELECT UTC_TIMESTAMP(6) AS utc_now, NOW(6) AS session_now, "
     "CONVERT_TZ(UTC_TIMESTAMP(6), '+00:00', 'SYSTEM') AS system_now, "
     "(SELECT MIN(UTC_TIMESTAMP(6) - INTERVAL {elapsed} MICROSECOND) "
     "FROM information_schema.PROCESSLIST AS p WHERE p.ID <> CONNECTION_ID() "
-    "AND p.COMMAND NOT IN ('Sleep', 'Daemon', 'Binlog Dump', 'Binlog Dump GTID', 'Connect') "
+    "AND p.COMMAND NOT IN ('Sleep', 'Daemon', 'Binlog Dump', 'Binlog Dump GTID') "
+    "AND (p.COMMAND <> 'Connect' OR p.INFO IS NOT NULL) "
     "AND (p.INFO IS NULL OR p.INFO NOT LIKE '/* afdb horizon %')) AS statement"
 )
 _TRX = (

@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import sqlalchemy as sa
@@ -295,3 +295,84 @@ def test_mariadb_control_without_a_horizon_loses_the_row_of_the_statement_that_w
     writer = _WaitedThenOpen(sa.create_engine(url, poolclass=sa.NullPool))
     delivered, _ = _poll_while_writing(url, NoHorizon(), writer)
     assert 100 not in delivered, "the scenario must be able to lose the row"
+
+
+def _event_insert(engine: sa.Engine) -> None:
+    """The event scheduler runs the delayed insert: its worker's command reads `Connect` in the
+    process list while it runs the statement (it used to be left out: the row was lost)."""
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE EVENT ev ON SCHEDULE AT CURRENT_TIMESTAMP "
+            "DO INSERT INTO t SELECT 100, NOW(6) FROM (SELECT SLEEP(2)) AS s"
+        )
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        with engine.connect() as conn:
+            if conn.exec_driver_sql("SELECT COUNT(*) FROM t WHERE id = 100").scalar():
+                return
+        time.sleep(0.1)
+    raise AssertionError("the event never inserted row 100")
+
+
+@pytest.fixture
+def event_scheduler(maria_table: tuple[str, str]) -> Iterator[tuple[str, str]]:
+    """The event scheduler on for the test (a server-wide setting, put back after)."""
+    url, table = maria_table
+    engine = sa.create_engine(url, poolclass=sa.NullPool)
+    with engine.begin() as conn:
+        was = conn.exec_driver_sql("SELECT @@GLOBAL.event_scheduler").scalar()
+        conn.exec_driver_sql("SET GLOBAL event_scheduler = ON")
+    try:
+        yield url, table
+    finally:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"SET GLOBAL event_scheduler = {was}")
+        engine.dispose()
+
+
+@pytest.mark.mysql
+def test_mariadb_event_statement_delayed_before_innodb_is_not_passed(event_scheduler):
+    url, table = event_scheduler
+    delivered = late_row_scenario(url, table, AutoHorizon(), _event_insert)
+    assert sorted(delivered) == [1, 2, 3, 4, 5, 6, 100]
+
+
+@pytest.mark.mysql
+def test_mariadb_transactions_that_have_not_written_do_not_hold_the_bound(maria_table):
+    """Sessions that read in transactions and never write (autocommit off, as SQLAlchemy runs)
+    overlap all the time, one of them open at the poller's first reading: MariaDB lists them
+    all as trx_id 0. They cannot have stamped a row, so they hold nothing, and rows committed
+    meanwhile are delivered (they used to share one remembered floor, unknown, for good)."""
+    url, _ = maria_table
+    engine = sa.create_engine(url, poolclass=sa.NullPool)
+    stop = threading.Event()
+
+    def reader(offset: float) -> None:
+        time.sleep(offset)
+        with engine.connect() as conn:
+            while not stop.is_set():
+                conn.exec_driver_sql("SELECT COUNT(*) FROM t").all()
+                time.sleep(0.6)
+                conn.rollback()
+                time.sleep(0.05)
+
+    readers = [threading.Thread(target=reader, args=(o,), daemon=True) for o in (0, 0.3)]
+    for thread in readers:
+        thread.start()
+    time.sleep(0.2)
+    source = SqlSource(url, "t", "updated_at", "id", horizon=AutoHorizon(settle=SETTLE))
+    state: dict[str, object] = {}
+    try:
+        source.open({})
+        for row_id in range(1, 9):
+            with engine.begin() as conn:
+                conn.exec_driver_sql(f"INSERT INTO t VALUES ({row_id}, NOW(6))")
+            time.sleep(0.7)
+            drain(source, state)
+        assert set(range(1, 8)) <= set(state["delivered"]), state["delivered"]  # type: ignore[arg-type]
+    finally:
+        stop.set()
+        for thread in readers:
+            thread.join(5)
+        source.close()
+        engine.dispose()
