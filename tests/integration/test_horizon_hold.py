@@ -29,12 +29,21 @@ from devkit import dbservers
 SETTLE = dt.timedelta(milliseconds=300)
 
 
-def _scenario(url: str, qualified: str, schema: str | None, stamp: str, caplog) -> None:
+def _scenario(
+    url: str, qualified: str, schema: str | None, stamp: str, caplog, *, blocker_writes: bool
+) -> None:
+    """A transaction left open holds row 2, stamped after it began. On PostgreSQL a session
+    idle in a transaction that has only read holds it (``now()`` is its start, whatever it
+    writes later); on MariaDB ``NOW()`` is each statement's start, so the transaction holds
+    once it has written a row (``blocker_writes``: row 100, rolled back at the end)."""
     engine = sa.create_engine(url, poolclass=sa.NullPool)
     with engine.begin() as conn:
         conn.exec_driver_sql(f"INSERT INTO {qualified} VALUES (1, {stamp})")
     blocker = engine.connect()
-    blocker.exec_driver_sql(f"SELECT count(*) FROM {qualified}")  # now idle in a transaction
+    if blocker_writes:
+        blocker.exec_driver_sql(f"INSERT INTO {qualified} VALUES (100, {stamp})")
+    else:
+        blocker.exec_driver_sql(f"SELECT count(*) FROM {qualified}")  # now idle in a transaction
     time.sleep(0.5)
     with engine.begin() as conn:
         conn.exec_driver_sql(f"INSERT INTO {qualified} VALUES (2, {stamp})")
@@ -83,7 +92,12 @@ def test_pg_idle_in_transaction_session_is_reported_not_caught_up(pg_schema, cap
         )
     engine.dispose()
     holder = _scenario(
-        url + "?application_name=nightly-report", f'"{pg_schema}".t', pg_schema, "now()", caplog
+        url + "?application_name=nightly-report",
+        f'"{pg_schema}".t',
+        pg_schema,
+        "now()",
+        caplog,
+        blocker_writes=False,
     )
     assert "app `nightly-report`" in holder
     assert "idle in transaction" in holder
@@ -98,7 +112,7 @@ def test_mariadb_open_transaction_is_reported_not_caught_up(mysql_db, caplog):
             "CREATE TABLE t (id int PRIMARY KEY, updated_at datetime(6) NOT NULL) ENGINE=InnoDB"
         )
     engine.dispose()
-    holder = _scenario(url, "t", None, "NOW(6)", caplog)
+    holder = _scenario(url, "t", None, "NOW(6)", caplog, blocker_writes=True)
     assert holder.startswith("thread ")
     assert "user `root@" in holder
 
