@@ -17,7 +17,7 @@ DEMO_STAMP := $(VENV)/.demo-installed
 AZURITE_DIR   := tools/azurite
 AZURITE_STAMP := $(AZURITE_DIR)/node_modules/.installed
 # Debian packages the tests need (tools/debian-packages.sh says why each).
-DEBIAN_PACKAGES := faketime unixodbc odbc-postgresql odbc-mariadb libpostgresql-jdbc-java
+DEBIAN_PACKAGES := faketime gdb unixodbc odbc-postgresql odbc-mariadb libpostgresql-jdbc-java
 
 # `make soak SECONDS=1800 SEED=7 DB=mariadb`: how long the writers write (on each database), the
 # fault schedule's seed, and which database: pg, mariadb, or both (one after the other).

@@ -2,6 +2,7 @@
 # The Debian packages `make test` needs, installed when missing (as root, `apt-get update` first),
 # otherwise one line naming them and the command. Called by `make test` and `make debian-packages`.
 #   libfaketime (faketime): a process whose wall clock runs 10 minutes ahead (tests/test_*processes*)
+#   gdb: stops a PostgreSQL backend between its clock read and pg_stat_activity (test_horizon_window)
 #   unixODBC + the PostgreSQL and MariaDB ODBC drivers: the pyodbc path (tests/test_pyodbc_path.py)
 #   the PostgreSQL JDBC jar: spark.read.jdbc in the backfill benchmark
 set -euo pipefail

@@ -37,6 +37,7 @@ from azure_functions_db.sources._target import HorizonTarget
 from azure_functions_db.sources.values import column_kind, time_bound
 
 __all__ = [
+    "PG_SETTLE",
     "TIME_KINDS",
     "HorizonUnavailable",
     "MssqlRowversionHorizon",
@@ -50,49 +51,83 @@ logger = logging.getLogger(__name__)
 
 TIME_KINDS = ("datetime", "datetime_tz", "date")
 
-# How long a transaction may take between reading its start time and publishing it (PostgreSQL
-# ``pg_stat_activity``, InnoDB ``innodb_trx``). Microseconds normally; the margin covers a
-# descheduled backend. Rows newer than this wait for the next batch.
+# How far below the server's clock a bound stays, where the database cannot show every writer
+# that has read its clock (SQLite's coarse ticks; MySQL, whose process list has whole seconds; a
+# MariaDB server with triggers or stored functions). Rows newer than this wait for the next batch.
 DEFAULT_SETTLE = dt.timedelta(seconds=1)
+#: PostgreSQL needs none: a backend that has read its clock and not yet published its transaction
+#: is seen as idle and not reading from its client (see ``PG_CLIENT_READ_SQL``).
+PG_SETTLE = dt.timedelta(0)
 
 PG_SNAPSHOT_SQL = sa.text("SELECT pg_snapshot_xmin(pg_current_snapshot())")
 
-# The clock is read first: a transaction that is not yet listed when pg_stat_activity is read
-# started (up to the settle margin) after it. Autovacuum never writes user rows and sessions of
-# other databases cannot write this table; everything else, idle-in-transaction sessions
-# included, counts. This session's own transaction is left out. Both instants come back as naive
-# UTC wall-clock times: every driver returns those alike (psqlODBC returns timestamptz naive, in
-# the session's zone, so the aware form would not be portable).
+# A transaction's now() is read from the clock when its first statement arrives, a moment before
+# its backend publishes anything in pg_stat_activity (PostgreSQL: SetCurrentStatementStartTimestamp,
+# then pgstat_report_activity(running) with query_start, then xact_start). A backend stalled in
+# between (descheduled, stopped) shows its previous state while its rows carry the older stamp.
+# That moment is closed exactly, not by a margin, in two readings:
 #
-# Two kinds of writer are not in that list with an xact_start: a session with
-# `track_activities = off` (its state reads `disabled`, no xact_start) is held at its
-# backend_start, before any transaction it can have begun; a prepared (two-phase) transaction
-# has left pg_stat_activity altogether and its start is unknown, so the bound is held entirely
-# while one of this database is open (`prepared` names the oldest, for the log).
+# 1. The server's clock T (this statement's start), and the backends then blocked reading from
+#    their client (`ClientRead`): each reads its next statement's clock after T.
+# 2. In a new transaction (pg_stat_activity is a snapshot per transaction), every other backend
+#    of this database: an open transaction counts from its xact_start; a client backend running
+#    a statement from its query_start (published before its xact_start); an idle client backend
+#    that was not blocked reading at 1 from the moment it went idle (state_change: its next
+#    statement's clock is read after it published that). An idle client backend that was
+#    blocked reading at 1 stamps nothing below T.
+#
+# Autovacuum never writes user rows and sessions of other databases cannot write this table. Two
+# kinds of writer are not listed with a start: a session with `track_activities = off` (state
+# `disabled`) is held at its backend_start; a prepared (two-phase) transaction has left
+# pg_stat_activity and its start is unknown, so the bound is held entirely while one of this
+# database is open (`prepared` names the oldest, for the log). Background workers of this
+# database (logical replication, extensions) publish no idle state: one with no open transaction
+# holds the bound BACKGROUND_MARGIN below T. All instants come back as naive UTC wall-clock times:
+# every driver returns those alike (psqlODBC returns timestamptz naive, in the session's zone).
+PG_CLIENT_READ_SQL = sa.text(
+    "SELECT statement_timestamp() AT TIME ZONE 'UTC' AS server_now, "
+    "(SELECT string_agg(a.pid::text, ',') FROM pg_stat_activity AS a "
+    "WHERE a.wait_event_type = 'Client' AND a.wait_event = 'ClientRead') AS reading"
+)
+_PG_OTHERS = (
+    "FROM pg_stat_activity AS a WHERE a.pid <> pg_backend_pid() "
+    "AND a.datname = current_database() "
+    "AND a.backend_type NOT IN ('autovacuum worker', 'autovacuum launcher')"
+)
+_PG_SINCE = (
+    "LEAST(a.xact_start, "
+    "CASE WHEN a.backend_type = 'client backend' "
+    "AND a.state IN ('active', 'fastpath function call') THEN a.query_start END, "
+    "CASE WHEN a.backend_type = 'client backend' AND a.state = 'idle' "
+    "AND NOT a.pid = ANY(string_to_array(:reading, ',')::int[]) THEN a.state_change END, "
+    "CASE WHEN a.backend_type = 'client backend' AND a.state = 'disabled' "
+    "THEN a.backend_start END)"
+)
+_PG_WHAT = (
+    "CASE WHEN a.xact_start IS NOT NULL THEN coalesce(a.state, 'open transaction') "
+    "WHEN a.state = 'idle' THEN 'idle, between statements' "
+    "WHEN a.state = 'disabled' THEN 'track_activities off' ELSE a.state END"
+)
 PG_XACT_START_SQL = sa.text(
-    "SELECT clock_timestamp() AT TIME ZONE 'UTC' AS server_now, "
-    "(SELECT min(a.xact_start) AT TIME ZONE 'UTC' FROM pg_stat_activity AS a "
-    "WHERE a.xact_start IS NOT NULL AND a.pid <> pg_backend_pid() "
-    "AND a.datname = current_database() "
-    "AND a.backend_type NOT IN ('autovacuum worker', 'autovacuum launcher')) AS oldest, "
-    "(SELECT min(a.backend_start) AT TIME ZONE 'UTC' FROM pg_stat_activity AS a "
-    "WHERE a.state = 'disabled' AND a.pid <> pg_backend_pid() "
-    "AND a.datname = current_database() AND a.backend_type = 'client backend') AS untracked, "
-    "(SELECT 'pid ' || a.pid || ', app `' || coalesce(nullif(a.application_name, ''), '-') "
-    "|| '`, ' || coalesce(a.state, '?') FROM pg_stat_activity AS a "
-    "WHERE a.xact_start IS NOT NULL AND a.pid <> pg_backend_pid() "
-    "AND a.datname = current_database() "
-    "AND a.backend_type NOT IN ('autovacuum worker', 'autovacuum launcher') "
-    "ORDER BY a.xact_start LIMIT 1) AS holder, "
-    "(SELECT 'pid ' || a.pid || ' (track_activities off)' FROM pg_stat_activity AS a "
-    "WHERE a.state = 'disabled' AND a.pid <> pg_backend_pid() "
-    "AND a.datname = current_database() AND a.backend_type = 'client backend' "
-    "ORDER BY a.backend_start LIMIT 1) AS untracked_holder, "
+    "SELECT h.since AS oldest, h.holder, "
+    "(SELECT a.backend_type || ' pid ' || a.pid " + _PG_OTHERS + " "
+    "AND a.backend_type NOT IN ('client backend', 'walsender', 'parallel worker') "
+    "AND a.xact_start IS NULL ORDER BY a.pid LIMIT 1) AS worker, "
     "(SELECT p.gid || ' prepared at ' || p.prepared FROM pg_prepared_xacts AS p "
     "WHERE p.database = current_database() ORDER BY p.prepared LIMIT 1) AS prepared, "
     "pg_has_role('pg_read_all_stats', 'USAGE') AS sees_all, "
-    "pg_is_in_recovery() AS standby"
+    "pg_is_in_recovery() AS standby "
+    "FROM (SELECT 1) AS one LEFT JOIN ("
+    "SELECT " + _PG_SINCE + " AT TIME ZONE 'UTC' AS since, "
+    "'pid ' || a.pid || ', app `' || coalesce(nullif(a.application_name, ''), '-') "
+    "|| '`, ' || " + _PG_WHAT + " AS holder " + _PG_OTHERS + " "
+    "AND " + _PG_SINCE + " IS NOT NULL ORDER BY 1 LIMIT 1) AS h ON true"
 )
+
+#: How far below the server's clock a background worker of the source's database holds the bound
+#: while it has no open transaction: it publishes no idle state, so the moment between its clock
+#: read and its xact_start is covered by this margin, as it was for every backend before.
+BACKGROUND_MARGIN = dt.timedelta(seconds=1)
 
 #: The bound while a prepared transaction is open: nothing new is read until it is resolved.
 HELD_ENTIRELY = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
@@ -216,17 +251,20 @@ class PgXactStartHorizon:
 
     ``now()`` in PostgreSQL is the start of the transaction, and a transaction that has not
     written yet (idle in transaction included) may still stamp it, so every open transaction
-    counts, not only those holding an xid. With none open the bound is the server's clock less
-    ``settle``. The role must see every session's ``xact_start``: superuser or a member of
-    ``pg_read_all_stats`` (otherwise other roles' sessions show NULL and would be missed). Not
-    usable on a standby, which does not list the primary's transactions.
+    counts, not only those holding an xid. A client backend that is running a statement counts
+    from its ``query_start`` (published before its ``xact_start``), and an idle one that was not
+    blocked reading from its client from when it went idle (it may have read its clock for a new
+    transaction and not yet published it). With none of these the bound is the server's clock
+    less ``settle`` (default 0). The role must see every session's ``xact_start``: superuser or
+    a member of ``pg_read_all_stats`` (otherwise other roles' sessions show NULL and would be
+    missed). Not usable on a standby, which does not list the primary's transactions.
     """
 
     name = "pg_xact_start"
     #: What the database role needs for this method, as ``GRANT`` names it.
     privileges: tuple[str, ...] = ("pg_read_all_stats",)
 
-    def __init__(self, settle: dt.timedelta = DEFAULT_SETTLE) -> None:
+    def __init__(self, settle: dt.timedelta = PG_SETTLE) -> None:
         self.settle = settle
         self._warned_prepared: str | None = None
         #: The transaction the last bound waited for, if any (see ``Horizon.hold``).
@@ -245,7 +283,9 @@ class PgXactStartHorizon:
     def safe_bound(self, target: HorizonTarget) -> KeyValue | None:
         """The bound without ``lag``; raises :class:`HorizonUnavailable`."""
         with target.engine.connect() as conn:
-            row = conn.execute(PG_XACT_START_SQL).one()
+            first = conn.execute(PG_CLIENT_READ_SQL).one()
+            conn.commit()  # pg_stat_activity is read afresh in the next transaction
+            row = conn.execute(PG_XACT_START_SQL, {"reading": first.reading or ""}).one()
         if not row.sees_all:
             user = target.engine.url.username or "the role"
             grant = f"GRANT pg_read_all_stats TO {user}"
@@ -273,11 +313,15 @@ class PgXactStartHorizon:
                     str(row.prepared).replace(" ", "_"),
                 )
             return time_bound(HELD_ENTIRELY, target.cursor, target.zone)
-        oldest: dt.datetime = row.server_now - self.settle
-        for held, holder in ((row.oldest, row.holder), (row.untracked, row.untracked_holder)):
-            if held is not None and held < oldest:
-                oldest = held
-                self.hold = HorizonHold(since=held.replace(tzinfo=dt.UTC), holder=str(holder))
+        server_now: dt.datetime = first.server_now
+        oldest = server_now - self.settle
+        held = [(row.oldest, row.holder)]
+        if row.worker is not None:
+            held.append((server_now - BACKGROUND_MARGIN, f"{row.worker} (background worker)"))
+        for since, holder in held:
+            if since is not None and since < oldest:
+                oldest = since
+                self.hold = HorizonHold(since=since.replace(tzinfo=dt.UTC), holder=str(holder))
         return time_bound(oldest.replace(tzinfo=dt.UTC), target.cursor, target.zone)
 
     def __repr__(self) -> str:

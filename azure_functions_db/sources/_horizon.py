@@ -24,6 +24,7 @@ from azure_functions_db.core.position import KeyValue
 from azure_functions_db.errors import ConfigurationError, HorizonUnavailable
 from azure_functions_db.sources._dialect_horizons import (
     DEFAULT_SETTLE,
+    PG_SETTLE,
     TIME_KINDS,
     MssqlRowversionHorizon,
     PgSnapshotHorizon,
@@ -137,10 +138,12 @@ class AutoHorizon:
     the same way. After :meth:`prepare`, :attr:`name` is the chosen strategy's name.
     """
 
-    def __init__(self, settle: dt.timedelta = DEFAULT_SETTLE) -> None:
+    def __init__(self, settle: dt.timedelta | None = None) -> None:
         self.name = "auto"
         self.detail = ""
         self.fix: str | None = None  # after a fallback: the statement that restores the method
+        #: The margin below the server's clock; ``None``: the chosen method's own (PostgreSQL 0,
+        #: MariaDB 0 or 1 s with triggers or stored functions, MySQL and SQLite 1 s).
         self.settle = settle
         self.chosen: HorizonStrategy | None = None
         self._warned = False
@@ -153,7 +156,8 @@ class AutoHorizon:
         safe: PgSnapshotHorizon | PgXactStartHorizon | MysqlTrxHorizon | MssqlRowversionHorizon
         if dialect == "sqlite":
             if kind in TIME_KINDS:
-                self._choose(target, SqliteClockHorizon(self.settle), "")
+                settle = DEFAULT_SETTLE if self.settle is None else self.settle
+                self._choose(target, SqliteClockHorizon(settle), "")
                 return
             baseline = _baseline(target)
             logger.info(
@@ -168,7 +172,7 @@ class AutoHorizon:
         if dialect == "postgresql" and pg_cursor_type(target) == "xid8":
             safe = PgSnapshotHorizon()
         elif dialect == "postgresql" and kind in TIME_KINDS:
-            safe = PgXactStartHorizon(self.settle)
+            safe = PgXactStartHorizon(PG_SETTLE if self.settle is None else self.settle)
         elif dialect in ("mysql", "mariadb") and kind in TIME_KINDS:
             safe = MysqlTrxHorizon(self.settle)
         elif dialect == "mssql" and isinstance(column.type, mssql.TIMESTAMP):

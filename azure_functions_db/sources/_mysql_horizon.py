@@ -105,6 +105,24 @@ _TRX = (
     "LEFT JOIN information_schema.PROCESSLIST AS p ON p.ID = t.trx_mysql_thread_id"
 )
 _MYSQL_ELAPSED = "(p.TIME + 1) * 1000000"
+
+# The settle margin a MariaDB server needs. A statement shows in the process list (command set)
+# before it reads its clock (MariaDB sets the command, then the time), and it shows its start
+# until it ends: no margin needed. Except inside a trigger or stored function: there NOW() stays
+# the start of the triggering statement while the process list's time restarts at the end of
+# each statement inside it, so until the transaction's first row change is in innodb_trx, a
+# statement whose trigger or function has run a while looks younger than its rows' stamps. The
+# margin covers that while (up to DEFAULT_SETTLE) on a server that has triggers or stored
+# functions in any schema this user can see.
+_ROUTINES = (
+    "SELECT (SELECT CONCAT('trigger `', t.TRIGGER_SCHEMA, '`.`', t.TRIGGER_NAME, '`') "
+    "FROM information_schema.TRIGGERS AS t WHERE t.TRIGGER_SCHEMA NOT IN {system} LIMIT 1) "
+    "AS trg, (SELECT CONCAT('function `', r.ROUTINE_SCHEMA, '`.`', r.ROUTINE_NAME, '`') "
+    "FROM information_schema.ROUTINES AS r WHERE r.ROUTINE_TYPE = 'FUNCTION' "
+    "AND r.ROUTINE_SCHEMA NOT IN {system} LIMIT 1) AS fn"
+).replace("{system}", "('mysql', 'sys', 'information_schema', 'performance_schema')")
+#: The margin on MariaDB without triggers or stored functions.
+MARIADB_SETTLE = dt.timedelta(0)
 _MARIADB_ELAPSED = "CEIL(p.TIME_MS * 1000)"
 
 
@@ -182,8 +200,11 @@ class MysqlTrxHorizon:
     privileges: tuple[str, ...] = ("PROCESS",)
 
     def __init__(
-        self, settle: dt.timedelta = DEFAULT_SETTLE, proof_timeout: float = INNODB_TRX_PROOF_TIMEOUT
+        self, settle: dt.timedelta | None = None, proof_timeout: float = INNODB_TRX_PROOF_TIMEOUT
     ) -> None:
+        #: The margin below the server's clock, the running statements and the floors. ``None``
+        #: until the first bound: then 0 on MariaDB without triggers or stored functions, else
+        #: ``DEFAULT_SETTLE`` (MySQL's process list has whole seconds; see ``_ROUTINES``).
         self.settle = settle
         self.proof_timeout = proof_timeout
         #: The transaction the last bound waited for, if any (see ``Horizon.hold``).
@@ -217,6 +238,7 @@ class MysqlTrxHorizon:
             return self._safe_bound(target)
 
     def _safe_bound(self, target: HorizonTarget) -> KeyValue | None:
+        settle = self._margin(target)
         deadline = time.monotonic() + self.proof_timeout
         self._call += 1
         while True:
@@ -247,10 +269,30 @@ class MysqlTrxHorizon:
                 break
             time.sleep(INNODB_TRX_CACHE_IDLE)
         held = oldest <= HELD_ENTIRELY.replace(tzinfo=None)  # (no settle below 1970)
-        when = HELD_ENTIRELY if held else (oldest - self.settle).replace(tzinfo=dt.UTC)
+        when = HELD_ENTIRELY if held else (oldest - settle).replace(tzinfo=dt.UTC)
         bound = time_bound(when, target.cursor, target.zone)
         self._proven = bound
         return bound
+
+    def _margin(self, target: HorizonTarget) -> dt.timedelta:
+        """``settle``, chosen at the first bound when not given (logged once)."""
+        if self.settle is not None:
+            return self.settle
+        reason = "mysql_process_list_has_whole_seconds"
+        if getattr(target.engine.dialect, "is_mariadb", False):
+            with target.engine.connect() as conn:
+                found = conn.execute(sa.text(_ROUTINES)).one()
+            routine = found.trg or found.fn
+            reason = "none_needed" if routine is None else f"{routine}_may_stamp_rows_early"
+        self.settle = MARIADB_SETTLE if reason == "none_needed" else DEFAULT_SETTLE
+        logger.info(
+            "action=horizon_settle table=%s method=%s settle_seconds=%g reason=%s",
+            target.table,
+            self.name,
+            self.settle.total_seconds(),
+            reason.replace(" ", "_"),
+        )
+        return self.settle
 
     def _account(self, reading: _Reading) -> tuple[dt.datetime, bool]:
         """Remember the reading's transactions and floors; (the oldest stamp they and the
@@ -298,7 +340,7 @@ class MysqlTrxHorizon:
             for zone_now in (clocks.session_now, clocks.system_now)
             if zone_now is not None
         ]
-        plausible = [r for r in readings if r <= utc_now + self.settle] or readings
+        plausible = [r for r in readings if r <= utc_now + DEFAULT_SETTLE] or readings
         earliest: dt.datetime = min(plausible)
         return earliest
 

@@ -1,0 +1,380 @@
+"""The settle margin, measured: what it protected against, and why PostgreSQL needs none now.
+
+A PostgreSQL transaction's ``now()`` is read from the clock when its first statement arrives, a
+moment before the backend publishes anything in ``pg_stat_activity``. These tests stop a real
+backend inside that moment, with gdb at ``pgstat_report_activity`` (the clock is read, nothing is
+published), for as long as they like, and run the late-commit workload around it:
+
+- the horizon at its default margin (0) waits for the stopped backend (it is idle and not
+  reading from its client) and nothing is lost;
+- a bound from the server's clock and the open transactions alone (the method before, kept here
+  as the control) passes the stopped backend's row over unless its margin is longer than the
+  stop: the margin measured what the clock alone cannot see;
+- a bound above the clock (a margin below 0) loses a late row: 0 is the smallest margin.
+
+MariaDB shows a statement in its process list before it reads its clock, so its margin is 0 too,
+except where a trigger or stored function runs inside the statement: NOW() stays the statement's
+start while the process list's time restarts after each statement inside the function. A server
+with triggers or stored functions keeps the 1 s margin; at 0 such a row is lost.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+
+from azure_functions_db.core.position import KeyValue
+from azure_functions_db.sources import AutoHorizon
+from azure_functions_db.sources._dialect_horizons import PgXactStartHorizon
+from azure_functions_db.sources._target import HorizonTarget
+from azure_functions_db.sources.sqlalchemy import SqlSource
+from azure_functions_db.sources.values import time_bound
+from devkit import dbservers
+
+# Seconds the writer's backend stays stopped between its clock read and publishing: longer than
+# the 1 s margin pg_xact_start used to keep.
+STOP = 1.5
+STATE_RUNNING = 2  # BackendState.STATE_RUNNING, pgstat_report_activity's first argument
+
+
+class ClockAndTransactions:
+    """The control: the server's clock less ``settle`` and the oldest ``xact_start``, the bound
+    ``pg_xact_start`` gave before it looked at idle backends."""
+
+    name = "clock_and_transactions"
+
+    def __init__(self, settle: float) -> None:
+        self.settle = dt.timedelta(seconds=settle)
+
+    def prepare(self, target: HorizonTarget) -> None:
+        """Nothing to check."""
+
+    def bound(self, target: HorizonTarget, now: dt.datetime) -> KeyValue | None:
+        sql = (
+            "SELECT clock_timestamp() AT TIME ZONE 'UTC', (SELECT min(xact_start) AT TIME ZONE "
+            "'UTC' FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+            "AND datname = current_database())"
+        )
+        with target.engine.connect() as conn:
+            clock, oldest = conn.execute(sa.text(sql)).one()
+        bound = clock - self.settle if oldest is None else min(clock - self.settle, oldest)
+        return time_bound(bound.replace(tzinfo=dt.UTC), target.cursor, target.zone)
+
+
+@contextmanager
+def stopped_after_its_clock(pid: int, folder: Path) -> Iterator[threading.Event]:
+    """gdb attached to backend ``pid``: the next statement it receives stops it after it read
+    its clock and before it published anything; the event is set once it has; it goes on when
+    the block ends."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        pytest.skip("gdb is not installed: `make debian-packages` installs it")
+    hit, release = folder / "hit", folder / "release"
+    process = subprocess.Popen(
+        [
+            gdb,
+            "-p",
+            str(pid),
+            "-batch",
+            "-nx",
+            "-ex",
+            f"break pgstat_report_activity if $rdi == {STATE_RUNNING}",
+            "-ex",
+            "continue",
+            "-ex",
+            f"shell touch '{hit}'; while [ ! -e '{release}' ]; do sleep 0.01; done",
+            "-ex",
+            "delete",
+            "-ex",
+            "detach",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    stopped = threading.Event()
+
+    def watch() -> None:
+        while process.poll() is None and not hit.exists():
+            time.sleep(0.005)
+        if hit.exists():
+            stopped.set()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    try:
+        _wait_attached(process, pid)
+        watcher.start()
+        yield stopped
+    finally:
+        release.touch()
+        try:
+            output, _ = process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            output, _ = process.communicate()
+        watcher.join(5)
+    if not stopped.is_set():
+        pytest.fail(f"gdb never stopped backend {pid} at pgstat_report_activity:\n{output}")
+
+
+def _wait_attached(process: subprocess.Popen[str], pid: int) -> None:
+    """Until gdb has attached (the backend is traced) and set its breakpoint."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            output = process.stdout.read() if process.stdout else ""
+            pytest.skip(f"gdb cannot attach to backend {pid} (ptrace not permitted?): {output}")
+        status = Path(f"/proc/{pid}/status").read_text()
+        traced = next(line for line in status.splitlines() if line.startswith("TracerPid"))
+        if traced.split()[1] != "0":
+            time.sleep(0.5)  # the breakpoint is set right after attaching
+            return
+        time.sleep(0.05)
+    pytest.fail(f"gdb did not attach to backend {pid} within 30 s")
+
+
+@pytest.fixture
+def table(pg_schema: str) -> Iterator[str]:
+    engine = sa.create_engine(dbservers.pg_url(), poolclass=sa.NullPool)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            f'CREATE TABLE "{pg_schema}".t (id int PRIMARY KEY, '
+            "updated_at timestamptz NOT NULL DEFAULT now())"
+        )
+    engine.dispose()
+    return pg_schema
+
+
+def _dsn() -> str:
+    url = sa.make_url(dbservers.pg_url())
+    return url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def _drain(source: SqlSource, state: dict[str, Any]) -> None:
+    while True:
+        rows = source.fetch(state.get("after"), 50, source.horizon())
+        state["delivered"].extend(int(r.data["id"]) for r in rows)
+        if rows:
+            state["after"] = rows[-1].position
+        if len(rows) < 50:
+            return
+
+
+def _run_stopped_writer(schema: str, horizon: object, folder: Path) -> dict[str, Any]:
+    """The late-commit workload around a backend stopped in its window: row 100's transaction
+    reads its clock, is stopped STOP seconds, then inserts and commits; meanwhile rows 1-3 are
+    written and the poller reads twice. Returns what was delivered and the holds seen."""
+    source = SqlSource(dbservers.pg_url(), "t", "updated_at", "id", schema=schema, horizon=horizon)  # type: ignore[arg-type]
+    state: dict[str, Any] = {"delivered": [], "holds": []}
+    fast = psycopg.connect(_dsn(), autocommit=True)
+    writer = psycopg.connect(_dsn(), autocommit=True)
+    try:
+        source.open({})
+        pid = writer.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+
+        def late() -> None:
+            writer.execute("BEGIN")  # stopped here, after its clock read
+            writer.execute(f'INSERT INTO "{schema}".t (id) VALUES (100)')
+            time.sleep(0.3)
+            writer.execute("COMMIT")
+
+        with stopped_after_its_clock(pid, folder) as stopped:
+            thread = threading.Thread(target=late, daemon=True)
+            thread.start()
+            assert stopped.wait(30), "the writer's backend never reached the window"
+            for row_id in (1, 2, 3):
+                time.sleep(STOP / 4)
+                fast.execute(f'INSERT INTO "{schema}".t (id) VALUES ({row_id})')
+            time.sleep(STOP / 4)
+            _drain(source, state)
+            state["holds"].append(source.horizon().hold)
+        thread.join(30)
+        assert not thread.is_alive()
+        deadline = time.monotonic() + 3.5
+        while time.monotonic() < deadline and len(state["delivered"]) < 4:
+            _drain(source, state)
+            time.sleep(0.1)
+        stamps = dict(fast.execute(f'SELECT id, updated_at FROM "{schema}".t').fetchall())
+        state["late_before_fast"] = stamps[100] < min(stamps[i] for i in (1, 2, 3))
+    finally:
+        source.close()
+        fast.close()
+        writer.close()
+    return state
+
+
+@pytest.mark.postgres
+def test_pg_default_margin_waits_for_a_backend_stopped_after_its_clock_read(
+    table: str, tmp_path: Path
+) -> None:
+    state = _run_stopped_writer(table, AutoHorizon(), tmp_path)
+    assert state["late_before_fast"]  # row 100 carries the oldest stamp, and commits last
+    assert sorted(state["delivered"]) == [1, 2, 3, 100]
+    hold = state["holds"][0]
+    assert hold is not None
+    assert "idle, between statements" in hold.holder
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("settle", "lost"),
+    [(0.0, True), (STOP / 2, True), (STOP + 0.7, False)],
+    ids=["clock-0", "clock-half-the-stop", "clock-longer-than-the-stop"],
+)
+def test_pg_clock_alone_needs_a_margin_longer_than_the_stop(
+    table: str, tmp_path: Path, settle: float, lost: bool
+) -> None:
+    state = _run_stopped_writer(table, ClockAndTransactions(settle), tmp_path)
+    assert state["late_before_fast"]
+    assert (100 not in state["delivered"]) is lost
+    assert sorted(set(state["delivered"]) - {100}) == [1, 2, 3]
+
+
+@pytest.mark.postgres
+def test_pg_a_bound_above_the_clock_loses_a_late_row(table: str) -> None:
+    """Below the default margin of 0: the bound is the horizon's, moved 0.5 s ahead."""
+    schema = table
+    ahead = dt.timedelta(seconds=-0.5)
+    horizon = PgXactStartHorizon(settle=ahead)
+    source = SqlSource(dbservers.pg_url(), "t", "updated_at", "id", schema=schema, horizon=horizon)
+    late = psycopg.connect(_dsn(), autocommit=True)
+    fast = psycopg.connect(_dsn(), autocommit=True)
+    state: dict[str, Any] = {"delivered": []}
+    try:
+        source.open({})
+        bound = source.horizon()  # read before the late transaction begins
+        late.execute("BEGIN")
+        late.execute(f'INSERT INTO "{schema}".t (id) VALUES (100)')
+        fast.execute(f'INSERT INTO "{schema}".t (id) VALUES (1)')
+        rows = source.fetch(None, 50, bound)
+        state["delivered"].extend(int(r.data["id"]) for r in rows)
+        state["after"] = rows[-1].position
+        late.execute("COMMIT")
+        time.sleep(0.6)
+        _drain(source, state)
+    finally:
+        source.close()
+        late.close()
+        fast.close()
+    assert state["delivered"] == [1]  # row 100, stamped before row 1, is lost
+
+
+@pytest.mark.postgres
+def test_pg_idle_backends_reading_from_their_client_do_not_hold_the_bound(table: str) -> None:
+    """A pool of idle connections (blocked reading) costs no latency: the bound is the clock."""
+    source = SqlSource(dbservers.pg_url(), "t", "updated_at", "id", schema=table)
+    idle = [psycopg.connect(_dsn(), autocommit=True) for _ in range(5)]
+    try:
+        for conn in idle:
+            conn.execute("SELECT 1")
+        source.open({})
+        time.sleep(0.2)
+        before = dt.datetime.now(dt.UTC)
+        horizon = source.horizon()
+        assert horizon.hold is None
+        assert isinstance(horizon.bound, dt.datetime)
+        assert horizon.bound >= before - dt.timedelta(milliseconds=50)
+    finally:
+        source.close()
+        for conn in idle:
+            conn.close()
+
+
+# -- MariaDB: the margin covers what a stored function runs before its statement's first write ---
+
+SLOW_FUNCTION = (
+    "CREATE FUNCTION slow_one() RETURNS int NOT DETERMINISTIC NO SQL "
+    "BEGIN DO SLEEP(0.8); DO SLEEP(0.8); RETURN 1; END"
+)
+
+
+@pytest.fixture
+def maria_orders(mysql_db: str) -> Iterator[str]:
+    url = dbservers.mysql_url(mysql_db)
+    engine = sa.create_engine(url, poolclass=sa.NullPool)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE TABLE t (id int PRIMARY KEY, updated_at datetime(6) NOT NULL) ENGINE=InnoDB"
+        )
+    engine.dispose()
+    return url
+
+
+def _function_workload(url: str, horizon: object) -> tuple[list[int], object]:
+    """Rows 1, 2; then row 100 stamped by NOW(6) in a statement whose function runs 1.6 s
+    before the insert, while rows 3-6 are written and read. Returns the ids delivered and the
+    margin the horizon used."""
+    engine = sa.create_engine(url, poolclass=sa.NullPool)
+    source = SqlSource(url, "t", "updated_at", "id", horizon=horizon)  # type: ignore[arg-type]
+    state: dict[str, Any] = {"delivered": []}
+
+    def insert(sql: str) -> None:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(sql)
+
+    try:
+        source.open({})
+        insert("INSERT INTO t VALUES (1, NOW(6)), (2, NOW(6))")
+        _drain(source, state)
+        writer = threading.Thread(
+            target=insert, args=("INSERT INTO t VALUES (100 * slow_one(), NOW(6))",), daemon=True
+        )
+        writer.start()
+        for row_id in (3, 4, 5, 6):
+            time.sleep(0.4)
+            insert(f"INSERT INTO t VALUES ({row_id}, NOW(6))")
+            _drain(source, state)
+        writer.join(30)
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline and len(state["delivered"]) < 7:
+            time.sleep(0.2)
+            _drain(source, state)
+        chosen = getattr(horizon, "chosen", horizon)
+        return state["delivered"], getattr(chosen, "settle", None)
+    finally:
+        source.close()
+        engine.dispose()
+
+
+@pytest.mark.mysql
+def test_mariadb_margin_is_0_without_routines_and_1s_with_a_stored_function(
+    maria_orders: str,
+) -> None:
+    plain = AutoHorizon()
+    source = SqlSource(maria_orders, "t", "updated_at", "id", horizon=plain)
+    try:
+        source.open({})
+        source.horizon()
+    finally:
+        source.close()
+    assert getattr(plain.chosen, "settle", None) == dt.timedelta(0)
+    engine = sa.create_engine(maria_orders, poolclass=sa.NullPool)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(SLOW_FUNCTION)
+    engine.dispose()
+    delivered, settle = _function_workload(maria_orders, AutoHorizon())
+    assert settle == dt.timedelta(seconds=1)
+    assert sorted(delivered) == [1, 2, 3, 4, 5, 6, 100]
+
+
+@pytest.mark.mysql
+def test_mariadb_stored_function_row_is_lost_at_a_margin_of_0(maria_orders: str) -> None:
+    engine = sa.create_engine(maria_orders, poolclass=sa.NullPool)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(SLOW_FUNCTION)
+    engine.dispose()
+    delivered, settle = _function_workload(maria_orders, AutoHorizon(settle=dt.timedelta(0)))
+    assert settle == dt.timedelta(0)
+    assert 100 not in delivered
+    assert sorted(delivered) == [1, 2, 3, 4, 5, 6]
