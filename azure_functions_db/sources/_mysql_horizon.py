@@ -26,7 +26,7 @@ from azure_functions_db.sources._dialect_horizons import (
     usable,
 )
 from azure_functions_db.sources._target import HorizonTarget
-from azure_functions_db.sources.values import time_bound
+from azure_functions_db.sources.values import column_kind, time_bound
 
 __all__ = ["MysqlTrxHorizon", "innodb_trx_sql"]
 
@@ -160,6 +160,10 @@ INNODB_TRX_CACHE_IDLE = 0.12
 INNODB_TRX_PROOF_TIMEOUT = 2.0
 
 
+#: How many row versions of the table the narrowing of a floor reads at most (see ``_narrowed``).
+UNCOMMITTED_SCAN = 1000
+
+
 #: Seconds between two readings beyond which the later one's new transactions get a doubtful
 #: floor (the reading before was long ago, e.g. the last timer run): while one first seen in this
 #: bound holds it, the reading is taken again (a short transaction has ended meanwhile).
@@ -269,10 +273,52 @@ class MysqlTrxHorizon:
                 break
             time.sleep(INNODB_TRX_CACHE_IDLE)
         held = oldest <= HELD_ENTIRELY.replace(tzinfo=None)  # (no settle below 1970)
+        if not held and oldest < reading.floor:
+            oldest = self._narrowed(target, oldest, reading.floor)
         when = HELD_ENTIRELY if held else (oldest - settle).replace(tzinfo=dt.UTC)
         bound = time_bound(when, target.cursor, target.zone)
         self._proven = bound
         return bound
+
+    def _narrowed(self, target: HorizonTarget, low: dt.datetime, high: dt.datetime) -> dt.datetime:
+        """A transaction's floor holds the bound at ``low``, below the clock and the running
+        statements (``high``): its rows' stamps lie somewhere between. Read them: the earliest
+        stamp in ``[low, high)`` of a row version that is uncommitted (seen at READ UNCOMMITTED,
+        then not at READ COMMITTED) is the bound, ``high`` if there is none. A transaction that
+        has not written this table stamps its later statements' rows at their start: after
+        ``high``. Naive UTC in and out."""
+        column = target.cursor
+        if column_kind(column) != "datetime":
+            return low
+        table = column.table
+        keys = [column, *(c for c in table.primary_key.columns if c is not column)]
+        if len(keys) == 1:
+            keys = [column, *(c for c in table.columns if c is not column)]
+        query = (
+            sa.select(*keys)
+            .where(
+                column >= time_bound(low.replace(tzinfo=dt.UTC), column, target.zone),
+                column < time_bound(high.replace(tzinfo=dt.UTC), column, target.zone),
+            )
+            .order_by(*keys)
+            .limit(UNCOMMITTED_SCAN)
+        )
+        versions = []
+        for level in ("READ UNCOMMITTED", "READ COMMITTED"):  # in this order
+            with target.engine.connect() as conn:
+                conn.execution_options(isolation_level=level)  # this connection, in place
+                versions.append([tuple(row) for row in conn.execute(query)])
+                conn.rollback()
+        everything, committed = versions[0], set(versions[1])
+        first = next((row for row in everything if row not in committed), None)
+        if first is None and len(everything) < UNCOMMITTED_SCAN:
+            self.hold = None
+            return high
+        stamp = (first or everything[-1])[0]
+        found: dt.datetime = stamp.replace(tzinfo=target.zone).astimezone(dt.UTC)
+        if self.hold is not None:
+            self.hold = HorizonHold(since=found, holder=self.hold.holder)
+        return max(low, min(high, found.replace(tzinfo=None)))
 
     def _margin(self, target: HorizonTarget) -> dt.timedelta:
         """``settle``, chosen at the first bound when not given (logged once)."""

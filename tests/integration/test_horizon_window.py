@@ -378,3 +378,41 @@ def test_mariadb_stored_function_row_is_lost_at_a_margin_of_0(maria_orders: str)
     assert settle == dt.timedelta(0)
     assert 100 not in delivered
     assert sorted(delivered) == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.mysql
+def test_mariadb_open_transaction_holds_from_its_uncommitted_row_not_from_its_floor(
+    maria_orders: str,
+) -> None:
+    """A transaction first listed after row 1 was stamped has a floor below row 1 (the reading
+    before); its uncommitted row, read at READ UNCOMMITTED, is the bound: row 1 is delivered
+    while it stays open, and its own row once it commits."""
+    engine = sa.create_engine(maria_orders, poolclass=sa.NullPool)
+    source = SqlSource(maria_orders, "t", "updated_at", "id")
+    state: dict[str, Any] = {"delivered": []}
+    late = engine.connect()
+    try:
+        source.open({})
+        _drain(source, state)  # the reading before: the late transaction's floor
+        time.sleep(0.05)
+        with engine.begin() as conn:
+            conn.exec_driver_sql("INSERT INTO t VALUES (1, NOW(6))")
+        time.sleep(0.05)
+        late.exec_driver_sql("INSERT INTO t VALUES (100, NOW(6))")  # stays open
+        time.sleep(0.05)
+        with engine.begin() as conn:
+            conn.exec_driver_sql("INSERT INTO t VALUES (2, NOW(6))")
+        _drain(source, state)
+        hold = source.horizon().hold
+        assert state["delivered"] == [1]
+        assert hold is not None
+        late.commit()
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and len(state["delivered"]) < 3:
+            time.sleep(0.1)
+            _drain(source, state)
+        assert state["delivered"] == [1, 100, 2]
+    finally:
+        late.close()
+        source.close()
+        engine.dispose()
