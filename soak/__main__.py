@@ -48,6 +48,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=int,
         help="with --no-sink: one checkpoint commit per this many rows (coalesced commits)",
     )
+    parser.add_argument(
+        "--low-latency",
+        action="store_true",
+        help="the PostgreSQL pollers in the low-latency mode (poll_interval=0.2, each run polls "
+        "until its time budget ends) instead of a run a second",
+    )
     parser.add_argument("--pg", default=DEFAULT_PG, help="PostgreSQL URI (default %(default)s)")
     parser.add_argument(
         "--db",
@@ -76,6 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pg=args.pg,
         sink=not args.no_sink,
         checkpoint_every=args.checkpoint_every,
+        poll_interval=0.2 if args.low_latency else None,
     )
     failed = False
     for db in ("pg", "mariadb") if args.db == "both" else (args.db,):

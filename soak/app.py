@@ -14,6 +14,7 @@ Environment (set by ``soak.run``): ``AzureWebJobsStorage``, ``SOAK_DB_URL``, ``S
 ``SOAK_TABLE``,
 ``SOAK_CONTAINER``, ``SOAK_EVENTS`` (folder), ``SOAK_DRAIN`` (flag file), ``SOAK_SEED``,
 ``SOAK_CONTROL`` (``1``: no late-commit horizon; the soak must then report lost rows),
+``SOAK_POLL_INTERVAL`` (``--low-latency``: the low-latency mode, ``poll_interval`` seconds),
 ``SOAK_CALM`` (``1``: the handler never fails, freezes or dawdles, but for the planted poison
 versions, which it always refuses: ``poison="quarantine"`` parks them).
 """
@@ -52,6 +53,8 @@ OPTIONS: dict[str, Any] = {
     "max_attempts": 3,
     "poison": "quarantine",
 }
+if ENV.get("SOAK_POLL_INTERVAL"):  # python -m soak --low-latency
+    OPTIONS["poll_interval"] = float(ENV["SOAK_POLL_INTERVAL"])
 _handle = PROCESS.handler(APPLIED)
 
 

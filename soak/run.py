@@ -107,6 +107,7 @@ class Options:
     pg: str = DEFAULT_PG
     sink: bool = True  # False: no SqlSink, so the next handler runs while a commit is in flight
     checkpoint_every: int | None = None  # without a sink: coalesced commits
+    poll_interval: float | None = None  # the low-latency mode: a run polls until its budget ends
 
 
 @dataclass(frozen=True)
@@ -266,6 +267,7 @@ class Soak:
             "SOAK_CALM": "1" if self.o.calm else "0",
             "SOAK_SINK": "1" if self.o.sink else "0",
             "SOAK_CHECKPOINT_EVERY": str(self.o.checkpoint_every or ""),
+            "SOAK_POLL_INTERVAL": str(self.o.poll_interval or ""),
         }
 
     def spawn(
@@ -577,6 +579,7 @@ class Soak:
             "fault_every": self.o.fault_every,
             "sink": self.o.sink,
             "checkpoint_every": self.o.checkpoint_every,
+            "poll_interval": self.o.poll_interval,
             "table": self.table,
             "writers_stopped": self.writers_stopped,
             "poller_exits": self.poller_exits,
