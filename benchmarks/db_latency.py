@@ -248,18 +248,15 @@ def run(ctx: Context) -> BenchmarkResult:
     )
     result.note(
         "The commit-safe horizon waits for every open write transaction (PostgreSQL: sessions "
-        "of the same database; MariaDB: InnoDB transactions of the server) and keeps a fixed "
-        "settle margin of 1 s below the database clock, so arrival - commit cannot go below "
-        "about 1 s in the poll and timer modes (due-based latency is lower for the rows that "
-        "waited for a late transaction anyway), and another client's open transaction on the "
-        "same server holds them back too."
+        "of the same database; MariaDB: InnoDB transactions of the server that changed a row, "
+        "from their earliest uncommitted row version) with no margin below the database clock "
+        "by default (settle 0 on both since issue 32), so a row waits for the next poll and for "
+        "the late transactions stamped before it; another client's open transaction on the "
+        "same server holds rows back too."
     )
     result.note(
-        "MariaDB: an open transaction bounds the horizon at its floor (the clock of the reading "
-        "before the one that first listed it, up to a poll interval before its start) less the "
-        "settle margin, so a late transaction also holds back rows stamped up to about 1.2 s "
-        "before it began, which their due time does not count; overlapping late transactions "
-        "(two late writers) chain such holds: that is MariaDB's tail."
+        "commit -> handler counts the wait for the late transactions (0.5-2 s) that the rows "
+        "stamped after them must wait for; due -> handler does not."
     )
     result.note(
         "bare: a negative due-based latency is a row delivered before a late transaction "

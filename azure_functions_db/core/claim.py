@@ -141,7 +141,7 @@ class Claimer:
         owner: Recorded as the lease's holder.
         duration: Lease duration in seconds.
         clock: For the lease keeper's local expiry.
-        heartbeat_interval: Seconds between renewals (default duration/3).
+        heartbeat_interval: Seconds between renewals (default duration/2.5).
         retrying: Wraps store calls with the caller's retry policy (default: no retries).
         log: Receives the claim's structured events (default: none).
     """
