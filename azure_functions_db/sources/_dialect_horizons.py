@@ -76,14 +76,19 @@ PG_SNAPSHOT_SQL = sa.text("SELECT pg_snapshot_xmin(pg_current_snapshot())")
 #    statement's clock is read after it published that). An idle client backend that was
 #    blocked reading at 1 stamps nothing below T.
 #
-# Autovacuum never writes user rows and sessions of other databases cannot write this table. Two
-# kinds of writer are not listed with a start: a session with `track_activities = off` (state
-# `disabled`) is held at its backend_start; a prepared (two-phase) transaction has left
+# Sessions are client backends and walsenders (a `replication=database` connection runs SQL
+# too; one streaming changes, `START_REPLICATION`, stamps nothing). Autovacuum never writes
+# user rows and sessions of other databases cannot write this table. Some writers are not
+# listed with a start: a session with `track_activities = off` (state `disabled`), or one still
+# starting up (state NULL, before its first idle report: PostgreSQL 17 runs login event triggers
+# then), is held at its backend_start; a prepared (two-phase) transaction has left
 # pg_stat_activity and its start is unknown, so the bound is held entirely while one of this
 # database is open (`prepared` names the oldest, for the log). Background workers of this
-# database (logical replication, extensions) publish no idle state: one with no open transaction
-# holds the bound BACKGROUND_MARGIN below T. All instants come back as naive UTC wall-clock times:
-# every driver returns those alike (psqlODBC returns timestamptz naive, in the session's zone).
+# database (extensions) publish no idle state: one with no open transaction holds the bound
+# BACKGROUND_MARGIN below T. (A logical replication subscriber's apply worker writes the
+# publisher's stamps, older by the replication lag: poll the publisher.) All instants come back
+# as naive UTC wall-clock times: every driver returns those alike (psqlODBC returns timestamptz
+# naive, in the session's zone).
 PG_CLIENT_READ_SQL = sa.text(
     "SELECT statement_timestamp() AT TIME ZONE 'UTC' AS server_now, "
     "(SELECT string_agg(a.pid::text, ',') FROM pg_stat_activity AS a "
@@ -94,19 +99,21 @@ _PG_OTHERS = (
     "AND a.datname = current_database() "
     "AND a.backend_type NOT IN ('autovacuum worker', 'autovacuum launcher')"
 )
+_PG_SESSION = "a.backend_type IN ('client backend', 'walsender')"
 _PG_SINCE = (
     "LEAST(a.xact_start, "
-    "CASE WHEN a.backend_type = 'client backend' "
-    "AND a.state IN ('active', 'fastpath function call') THEN a.query_start END, "
-    "CASE WHEN a.backend_type = 'client backend' AND a.state = 'idle' "
+    f"CASE WHEN {_PG_SESSION} AND a.state IN ('active', 'fastpath function call') "
+    "AND a.query NOT ILIKE 'START_REPLICATION%' THEN a.query_start END, "
+    f"CASE WHEN {_PG_SESSION} AND a.state = 'idle' "
     "AND NOT a.pid = ANY(string_to_array(:reading, ',')::int[]) THEN a.state_change END, "
-    "CASE WHEN a.backend_type = 'client backend' AND a.state = 'disabled' "
+    f"CASE WHEN {_PG_SESSION} AND (a.state = 'disabled' OR a.state IS NULL) "
     "THEN a.backend_start END)"
 )
 _PG_WHAT = (
     "CASE WHEN a.xact_start IS NOT NULL THEN coalesce(a.state, 'open transaction') "
     "WHEN a.state = 'idle' THEN 'idle, between statements' "
-    "WHEN a.state = 'disabled' THEN 'track_activities off' ELSE a.state END"
+    "WHEN a.state = 'disabled' THEN 'track_activities off' "
+    "WHEN a.state IS NULL THEN 'starting' ELSE a.state END"
 )
 PG_XACT_START_SQL = sa.text(
     "SELECT h.since AS oldest, h.holder, "

@@ -221,6 +221,7 @@ class MysqlTrxHorizon:
         self._floor: dt.datetime | None = None
         self._previous: dt.datetime | None = None
         self._call = 0
+        self._routines: bool | None = None  # triggers or stored functions: known at 1st bound
         # One bound at a time: a floor must come from a reading taken before the one that uses
         # it (an instance shared by pollers on several threads).
         self._lock = threading.Lock()
@@ -273,7 +274,7 @@ class MysqlTrxHorizon:
                 break
             time.sleep(INNODB_TRX_CACHE_IDLE)
         held = oldest <= HELD_ENTIRELY.replace(tzinfo=None)  # (no settle below 1970)
-        if not held and oldest < reading.floor:
+        if not held and oldest < reading.floor and not self._routines:
             oldest = self._narrowed(target, oldest, reading.floor)
         when = HELD_ENTIRELY if held else (oldest - settle).replace(tzinfo=dt.UTC)
         bound = time_bound(when, target.cursor, target.zone)
@@ -321,23 +322,28 @@ class MysqlTrxHorizon:
         return max(low, min(high, found.replace(tzinfo=None)))
 
     def _margin(self, target: HorizonTarget) -> dt.timedelta:
-        """``settle``, chosen at the first bound when not given (logged once)."""
-        if self.settle is not None:
+        """``settle``, chosen at the first bound when not given (logged once); whether the
+        server has triggers or stored functions (then no floor is narrowed: a statement inside
+        one ends, and the process list's time restarts, before its caller's rows are written)."""
+        if self._routines is not None:
+            assert self.settle is not None
             return self.settle
-        reason = "mysql_process_list_has_whole_seconds"
-        if getattr(target.engine.dialect, "is_mariadb", False):
-            with target.engine.connect() as conn:
-                found = conn.execute(sa.text(_ROUTINES)).one()
-            routine = found.trg or found.fn
+        with target.engine.connect() as conn:
+            found = conn.execute(sa.text(_ROUTINES)).one()
+        routine = found.trg or found.fn
+        self._routines = routine is not None
+        if self.settle is None:
             reason = "none_needed" if routine is None else f"{routine}_may_stamp_rows_early"
-        self.settle = MARIADB_SETTLE if reason == "none_needed" else DEFAULT_SETTLE
-        logger.info(
-            "action=horizon_settle table=%s method=%s settle_seconds=%g reason=%s",
-            target.table,
-            self.name,
-            self.settle.total_seconds(),
-            reason.replace(" ", "_"),
-        )
+            if not getattr(target.engine.dialect, "is_mariadb", False):
+                reason = "mysql_process_list_has_whole_seconds"
+            self.settle = MARIADB_SETTLE if reason == "none_needed" else DEFAULT_SETTLE
+            logger.info(
+                "action=horizon_settle table=%s method=%s settle_seconds=%g reason=%s",
+                target.table,
+                self.name,
+                self.settle.total_seconds(),
+                reason.replace(" ", "_"),
+            )
         return self.settle
 
     def _account(self, reading: _Reading) -> tuple[dt.datetime, bool]:

@@ -130,16 +130,33 @@ def time_bound(moment: dt.datetime, column: sa.Column[Any], zone: dt.tzinfo) -> 
     """``moment`` (aware) as a bound comparable with ``column``, or ``None`` if not a time type.
 
     Aware columns get the aware UTC value; naive date-time columns the wall-clock time in
-    ``zone``; date columns the date in ``zone``.
+    ``zone``; date columns the date in ``zone``. A column with fewer than 6 fractional digits
+    (MySQL ``DATETIME``, PostgreSQL ``timestamptz(0)``) gets the bound cut down to its unit: the
+    database truncates (MySQL) or rounds (PostgreSQL) a stamp to it, so a row stamped after
+    ``moment`` can be stored below it, but never below the unit that holds ``moment``.
     """
     kind = column_kind(column)
     if kind == "datetime_tz":
-        return moment.astimezone(dt.UTC)
+        return _whole_units(moment.astimezone(dt.UTC), column)
     if kind == "datetime":
-        return moment.astimezone(zone).replace(tzinfo=None)
+        return _whole_units(moment.astimezone(zone).replace(tzinfo=None), column)
     if kind == "date":
         return moment.astimezone(zone).date()
     return None
+
+
+def fraction_digits(column: sa.Column[Any]) -> int:
+    """How many fractional digits of a second a date-time column stores (at most 6)."""
+    type_ = column.type
+    if hasattr(type_, "fsp"):  # MySQL/MariaDB DATETIME(fsp), TIMESTAMP(fsp): None is 0
+        return 0 if type_.fsp is None else min(int(type_.fsp), 6)
+    precision = getattr(type_, "precision", None)  # PostgreSQL TIMESTAMP(p): None is 6
+    return 6 if not isinstance(precision, int) else min(precision, 6)
+
+
+def _whole_units(value: dt.datetime, column: sa.Column[Any]) -> dt.datetime:
+    unit = 10 ** (6 - fraction_digits(column))
+    return value.replace(microsecond=value.microsecond - value.microsecond % unit)
 
 
 def _datetime(text: str, zone: dt.tzinfo) -> dt.datetime:

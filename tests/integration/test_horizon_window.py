@@ -416,3 +416,181 @@ def test_mariadb_open_transaction_holds_from_its_uncommitted_row_not_from_its_fl
         late.close()
         source.close()
         engine.dispose()
+
+
+# -- Whole-second cursors: the database cuts the stamp below the instant the bound is read at ---
+
+
+def _early_in_a_second() -> None:
+    while not 0.05 < time.time() % 1 < 0.15:
+        time.sleep(0.005)
+
+
+@pytest.mark.mysql
+def test_mariadb_whole_second_cursor_bound_is_cut_to_the_second(mysql_db: str) -> None:
+    """Row 5's statement starts early in a second and runs 1.2 s (stored: that second, cut);
+    row 6 of the same second, higher pk, commits first. The bound, held at row 5's start, must
+    not let row 6 pass before row 5 commits."""
+    url = dbservers.mysql_url(mysql_db)
+    engine = sa.create_engine(url, poolclass=sa.NullPool)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE TABLE s (id int PRIMARY KEY, updated_at datetime NOT NULL "
+            "DEFAULT CURRENT_TIMESTAMP) ENGINE=InnoDB"
+        )
+    source = SqlSource(url, "s", "updated_at", "id")
+    state: dict[str, Any] = {"delivered": []}
+
+    def insert(sql: str) -> None:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(sql)
+
+    try:
+        source.open({})
+        _drain(source, state)
+        _early_in_a_second()
+        slow = threading.Thread(
+            target=insert, args=("INSERT INTO s (id) SELECT 5 FROM (SELECT SLEEP(1.2)) AS z",)
+        )
+        slow.start()
+        time.sleep(0.15)
+        insert("INSERT INTO s (id) VALUES (6)")
+        time.sleep(0.1)
+        _drain(source, state)
+        slow.join(30)
+        deadline = time.monotonic() + 3.5
+        while time.monotonic() < deadline and len(state["delivered"]) < 2:
+            time.sleep(0.2)
+            _drain(source, state)
+        with engine.connect() as conn:
+            stamps = dict(conn.exec_driver_sql("SELECT id, updated_at FROM s").all())
+    finally:
+        source.close()
+        engine.dispose()
+    assert stamps[5] == stamps[6]  # one second: the tie the pk orders
+    assert state["delivered"] == [5, 6]
+
+
+@pytest.mark.postgres
+def test_pg_whole_second_cursor_bound_is_cut_to_the_second(table: str) -> None:
+    """``timestamptz(0)`` rounds: row 6 (committed first) and row 5 (lower pk, after the poll)
+    get the same second; a bound at the server's clock would have let row 6 pass."""
+    schema = table
+    fast = psycopg.connect(_dsn(), autocommit=True)
+    fast.execute(f'ALTER TABLE "{schema}".t ALTER COLUMN updated_at TYPE timestamptz(0)')
+    source = SqlSource(dbservers.pg_url(), "t", "updated_at", "id", schema=schema)
+    state: dict[str, Any] = {"delivered": []}
+    try:
+        source.open({})
+        _drain(source, state)
+        while not 0.02 < time.time() % 1 < 0.3:
+            time.sleep(0.002)
+        fast.execute(f'INSERT INTO "{schema}".t (id) VALUES (6)')
+        _drain(source, state)
+        fast.execute(f'INSERT INTO "{schema}".t (id) VALUES (5)')
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and len(state["delivered"]) < 2:
+            time.sleep(0.2)
+            _drain(source, state)
+        stamps = dict(fast.execute(f'SELECT id, updated_at FROM "{schema}".t').fetchall())
+    finally:
+        source.close()
+        fast.close()
+    if stamps[5] != stamps[6]:
+        pytest.skip("not applicable: the two inserts fell in different seconds (a slow machine)")
+    assert state["delivered"] == [5, 6]
+
+
+@pytest.mark.postgres
+def test_pg_replication_connection_running_sql_is_waited_for(table: str, tmp_path: Path) -> None:
+    """A ``replication=database`` connection (a walsender) runs SQL too: stopped after its
+    clock read, it is waited for like a client backend."""
+    psql_path = shutil.which("psql")
+    if psql_path is None:
+        pytest.skip("psql is not installed (the PostgreSQL client)")
+    schema = table
+    fast = psycopg.connect(_dsn(), autocommit=True)
+    psql = subprocess.Popen(
+        [psql_path, _dsn() + "?replication=database", "-X", "-q", "-A", "-t"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+    )
+    assert psql.stdin is not None
+    assert psql.stdout is not None
+    source = SqlSource(dbservers.pg_url(), "t", "updated_at", "id", schema=schema)
+    state: dict[str, Any] = {"delivered": []}
+    try:
+        psql.stdin.write(
+            "SELECT pg_backend_pid(), "
+            "(SELECT backend_type FROM pg_stat_activity WHERE pid = pg_backend_pid());\n"
+        )
+        pid, kind = psql.stdout.readline().strip().split("|")
+        assert kind == "walsender"
+        source.open({})
+        with stopped_after_its_clock(int(pid), tmp_path) as stopped:
+            psql.stdin.write(f'INSERT INTO "{schema}".t (id) VALUES (100);\n')
+            assert stopped.wait(30)
+            for row_id in (1, 2, 3):
+                time.sleep(0.3)
+                fast.execute(f'INSERT INTO "{schema}".t (id) VALUES ({row_id})')
+            time.sleep(0.2)
+            _drain(source, state)
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and len(state["delivered"]) < 4:
+            time.sleep(0.2)
+            _drain(source, state)
+        stamps = dict(fast.execute(f'SELECT id, updated_at FROM "{schema}".t').fetchall())
+    finally:
+        source.close()
+        psql.stdin.close()
+        psql.wait(10)
+        psql.stdout.close()
+        fast.close()
+    assert stamps[100] < stamps[1]
+    assert sorted(state["delivered"]) == [1, 2, 3, 100]
+
+
+@pytest.mark.mysql
+def test_mariadb_floor_is_not_narrowed_on_a_server_with_stored_functions(
+    maria_orders: str,
+) -> None:
+    """The function writes another table first (the transaction is listed, with its floor),
+    then runs 2.3 s of statements before its caller inserts row 100 stamped at the caller's
+    start: the process list's time restarted meanwhile, so only the floor protects the row."""
+    engine = sa.create_engine(maria_orders, poolclass=sa.NullPool)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE other (id int AUTO_INCREMENT PRIMARY KEY)")
+        conn.exec_driver_sql(
+            "CREATE FUNCTION writes_first() RETURNS int NOT DETERMINISTIC MODIFIES SQL DATA "
+            "BEGIN INSERT INTO other () VALUES (); DO SLEEP(1.5); DO SLEEP(0.8); RETURN 1; END"
+        )
+    source = SqlSource(maria_orders, "t", "updated_at", "id")
+    state: dict[str, Any] = {"delivered": []}
+
+    def insert(sql: str) -> None:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(sql)
+
+    try:
+        source.open({})
+        insert("INSERT INTO t VALUES (1, NOW(6))")
+        _drain(source, state)
+        writer = threading.Thread(
+            target=insert, args=("INSERT INTO t VALUES (100 * writes_first(), NOW(6))",)
+        )
+        writer.start()
+        for row_id in range(2, 12):
+            time.sleep(0.2)
+            insert(f"INSERT INTO t VALUES ({row_id}, NOW(6))")
+            _drain(source, state)
+        writer.join(30)
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline and len(state["delivered"]) < 12:
+            time.sleep(0.2)
+            _drain(source, state)
+    finally:
+        source.close()
+        engine.dispose()
+    assert sorted(state["delivered"]) == [1, *range(2, 12), 100]
