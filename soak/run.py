@@ -14,6 +14,9 @@ that is where a fault does harm) and recorded in ``faults.jsonl``. Kinds:
 ``terminate_pollers``    ``pg_terminate_backend`` of every session of the pollers
 ``terminate_writer``     ``pg_terminate_backend`` of one writer's session (its COMMIT may be
                          cut off: an unknown outcome, resolved from the history table)
+``skew_poller``          replace a poller with one whose wall clock is 30 s ahead or behind
+                         (libfaketime; its monotonic clock, which the evidence uses, is not
+                         moved) for 10-30 s, then with a normal one again
 
 Evidence folder (kept; its path is printed): ``meta.json``, ``faults.jsonl``, ``samples.jsonl``
 (the monitor's reads of checkpoint and lease every half second), ``writers/``, ``events/`` (the
@@ -66,7 +69,12 @@ KINDS: dict[str, float] = {
     "pause_azurite_long": 0.08,
     "terminate_pollers": 0.18,
     "terminate_writer": 0.12,
+    "skew_poller": 0.10,
 }
+#: What ``skew_poller`` preloads (Debian's ``faketime``, installed by ``make debian-packages``),
+#: and by how many seconds it moves the wall clock.
+LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1")
+SKEW_SECONDS = 30
 
 
 def sample(store: afdb.BlobStateStore, key: afdb.PollerKey, log: EvidenceLog) -> dict[str, Any]:
@@ -122,7 +130,13 @@ class Fault:
             "stop_poller": LEASE + 1 + 5 * self.draw,
             "pause_azurite_short": 1 + 3 * self.draw,
             "pause_azurite_long": LEASE + 1 + 6 * self.draw,
+            "skew_poller": 10 + 20 * self.draw,
         }.get(self.kind, 0.0)
+
+    @property
+    def skew(self) -> int:
+        """``skew_poller``: the seconds the wall clock moves, ahead or behind by the draw."""
+        return SKEW_SECONDS if int(self.draw * 1000) % 2 == 0 else -SKEW_SECONDS
 
 
 def schedule(seed: int, seconds: float, every: float) -> list[Fault]:
@@ -286,11 +300,12 @@ class Soak:
         )
         return process, output
 
-    def start_poller(self, slot: Slot) -> None:
+    def start_poller(self, slot: Slot, extra: dict[str, str] | None = None) -> None:
         slot.generation += 1
         process, output = self.spawn(
             ["-m", "azure_functions_db", "run", "soak.app"],
             self.out / "pollers" / f"slot{slot.index}-{slot.generation}.log",
+            extra,
         )
         slot.process, slot.stopped_until = process, None
         slot.outputs.append(output)
@@ -375,6 +390,47 @@ class Soak:
         elif kind == "terminate_writer":
             name = f"{self.table}-writer-{int(fault.draw * self.o.writers)}"
             self.record(kind, application=name, sessions=self.terminate(name))
+        elif kind == "skew_poller":
+            self.skew(fault)
+
+    def skew(self, fault: Fault) -> None:
+        """Replace the target poller with one whose wall clock is ``fault.skew`` seconds off,
+        and that one with a normal poller ``fault.duration`` seconds later (unless another
+        fault replaced it first)."""
+        if not LIBFAKETIME.is_file():
+            self.record(fault.kind, skipped=f"{LIBFAKETIME} missing: make debian-packages")
+            return
+        slot = self.target(fault.draw)
+        pid = slot.process.pid if slot.process is not None else None
+        self.kill(slot)
+        self.start_poller(
+            slot,
+            {
+                "LD_PRELOAD": str(LIBFAKETIME),
+                "FAKETIME": f"{fault.skew:+d}s",
+                "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+            },
+        )
+        assert slot.process is not None
+        generation = slot.generation
+        self.record(
+            fault.kind,
+            pid=pid,
+            replacement=slot.process.pid,
+            skew_seconds=fault.skew,
+            seconds=round(fault.duration, 2),
+        )
+
+        def unskew() -> None:
+            if slot.generation != generation or slot.process is None:
+                return  # replaced meanwhile, by a poller with the right clock
+            skewed = slot.process.pid
+            self.kill(slot)
+            self.start_poller(slot)
+            assert slot.process is not None
+            self.faults.write("unskewed", pid=skewed, replacement=slot.process.pid)
+
+        self.later(fault.duration, "unskew_poller", unskew)
 
     def terminate(self, application: str) -> int:
         with self.admin() as conn:

@@ -250,7 +250,7 @@ class _Rules(BaseModel):
         if budget <= lease / 3:
             problems.append(
                 f"`time_budget={budget}` is too short for `lease_duration={lease}`: a run must "
-                "outlive at least one heartbeat. Raise time_budget or lower lease_duration."
+                "last longer than a third of its lease. Raise time_budget or lower lease_duration."
             )
         if problems:
             raise PydanticCustomError("afdb_config", "{message}", {"message": " ".join(problems)})

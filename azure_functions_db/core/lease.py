@@ -12,10 +12,9 @@ from azure_functions_db.errors import AfdbError, LeaseLostError
 
 logger = logging.getLogger(__name__)
 
-#: Renewals per lease duration: every 12 s on the default 30 s lease. The lease counts as lost a
-#: full duration after the last renewal, so a renewal that fails is tried once more before then,
-#: as with a third of the duration (whose third try would fall on the expiry itself); an idle
-#: low-latency minute then costs 5 renewals, less than one timer run's requests.
+#: Renewals per lease duration: every 12 s on the default 30 s lease (an idle low-latency minute
+#: then costs 5 renewals, no more than one timer run's requests). The lease counts as lost a
+#: full duration after the last renewal; a renewal that failed is tried again halfway to then.
 HEARTBEATS_PER_LEASE = 2.5
 
 
@@ -61,18 +60,31 @@ class LeaseKeeper:
             self._thread.join()
 
     def _beat(self) -> None:
-        while not self._stop.wait(self._interval):
+        # Beats are timed from when each renewal was sent (a renewal that took long, its store's
+        # own retries included, does not push the next one back; never sooner than a quarter
+        # interval apart). After one that failed, the next goes halfway to the lease's end.
+        wait = self._interval
+        while not self._stop.wait(wait):
             if self.lost_reason() is not None:
                 return
-            self.renew_now()
+            sent = self._clock.monotonic()
+            renewed = self.renew_now()
+            late = self._clock.monotonic() - sent
+            wait = max(self._interval / 4, self._interval - late)
+            if not renewed:
+                with self._lock:
+                    left = self.grant.duration - (self._clock.monotonic() - self._renewed_at)
+                wait = min(wait, max(0.5, left / 2))
 
-    def renew_now(self) -> None:
-        """Renew once; on refusal mark the lease lost. Transient failures only log."""
+    def renew_now(self) -> bool:
+        """Renew once; on refusal mark the lease lost. Transient failures only log. Whether
+        the lease was renewed."""
         sent_at = self._clock.monotonic()
         try:
             self._leases.renew(self.grant)
         except LeaseLostError as exc:
             self.mark_lost(exc.detail or "renewal refused")
+            return False
         except AfdbError as exc:
             log_event(
                 logger,
@@ -83,9 +95,10 @@ class LeaseKeeper:
                 fence=self.grant.fence,
                 error=type(exc).__name__,
             )
-        else:
-            with self._lock:
-                self._renewed_at = max(self._renewed_at, sent_at)
+            return False
+        with self._lock:
+            self._renewed_at = max(self._renewed_at, sent_at)
+        return True
 
     def mark_lost(self, reason: str) -> None:
         """Record that the lease is lost (the first reason wins) and log it once."""

@@ -123,6 +123,16 @@ _ROUTINES = (
 ).replace("{system}", "('mysql', 'sys', 'information_schema', 'performance_schema')")
 #: The margin on MariaDB without triggers or stored functions.
 MARIADB_SETTLE = dt.timedelta(0)
+# information_schema lists only the triggers and functions this user may see: every trigger
+# with the global TRIGGER privilege, every function with SELECT on mysql.proc. Without both,
+# "none" is not proven and the margin stays DEFAULT_SETTLE.
+_GLOBAL_TRIGGER = (
+    "SELECT COUNT(*) FROM information_schema.USER_PRIVILEGES WHERE PRIVILEGE_TYPE = 'TRIGGER' "
+    "AND GRANTEE = CONCAT(\"'\", SUBSTRING_INDEX(CURRENT_USER(), '@', 1), \"'@'\", "
+    "SUBSTRING_INDEX(CURRENT_USER(), '@', -1), \"'\")"
+)
+_READ_PROC = "SELECT 1 FROM mysql.proc LIMIT 0"
+ROUTINES_GRANT = "GRANT TRIGGER ON *.* TO {user}; GRANT SELECT ON mysql.proc TO {user}"
 _MARIADB_ELAPSED = "CEIL(p.TIME_MS * 1000)"
 
 
@@ -330,10 +340,19 @@ class MysqlTrxHorizon:
             return self.settle
         with target.engine.connect() as conn:
             found = conn.execute(sa.text(_ROUTINES)).one()
+            sees_all = bool(conn.execute(sa.text(_GLOBAL_TRIGGER)).scalar())
+            try:
+                conn.execute(sa.text(_READ_PROC)).all()
+            except sa.exc.DBAPIError:
+                sees_all = False
         routine = found.trg or found.fn
-        self._routines = routine is not None
+        self._routines = routine is not None or not sees_all
         if self.settle is None:
             reason = "none_needed" if routine is None else f"{routine}_may_stamp_rows_early"
+            if routine is None and not sees_all:
+                user = target.engine.url.username or "the_user"
+                grant = ROUTINES_GRANT.format(user=user).replace(" ", "_")
+                reason = f"cannot_see_every_trigger_and_function;_for_0:_{grant}"
             if not getattr(target.engine.dialect, "is_mariadb", False):
                 reason = "mysql_process_list_has_whole_seconds"
             self.settle = MARIADB_SETTLE if reason == "none_needed" else DEFAULT_SETTLE

@@ -132,7 +132,7 @@ def time_bound(moment: dt.datetime, column: sa.Column[Any], zone: dt.tzinfo) -> 
     Aware columns get the aware UTC value; naive date-time columns the wall-clock time in
     ``zone``; date columns the date in ``zone``. A column with fewer than 6 fractional digits
     (MySQL ``DATETIME``, PostgreSQL ``timestamptz(0)``) gets the bound cut down to its unit: the
-    database truncates (MySQL) or rounds (PostgreSQL) a stamp to it, so a row stamped after
+    database truncates (MariaDB) or rounds (MySQL, PostgreSQL) a stamp to it, so a row stamped after
     ``moment`` can be stored below it, but never below the unit that holds ``moment``.
     """
     kind = column_kind(column)

@@ -138,6 +138,23 @@ def test_a_handler_started_after_a_higher_fence_was_granted_is_stale(ev: Evidenc
     assert "fence 2 was known" in report.stale_examples[0]
 
 
+def test_a_skewed_pollers_call_after_a_higher_fence_is_stale_whatever_its_wall_clock(
+    ev: Evidence,
+) -> None:
+    """A poller running 30 s behind (``skew_poller``) writes wall times that put its call
+    before the new owner's grant; the checker orders events by the monotonic clock, which
+    libfaketime leaves alone, and still finds the call stale."""
+    ev.faults.append({"ev": "fault", "t": 2.0, "kind": "skew_poller", "skew_seconds": -30})
+    ev.grant(2.2, 2)
+    ev.deliver(2.5, 1, (2, 2))
+    for event in ev.events[-2:]:
+        event["wall"] = -30.0  # behind every other process's wall clock
+    report = ev.judge()
+    assert report.stale_calls == 1
+    assert "fence 2 was known" in report.stale_examples[0]
+    assert report.faults["skew_poller"] == 1
+
+
 def _dropped_lease(ev: Evidence, then: str, *, fenced: bool = True) -> Any:
     """Fence 1 granted at 0.5; Azurite restarts (2.0-2.4) and forgets it; fence 2 is granted
     at 2.45 (and, ``fenced``, seen stored in the checkpoint at 2.47); the fence-1 owner,
