@@ -75,6 +75,7 @@ KINDS: dict[str, float] = {
 #: and by how many seconds it moves the wall clock.
 LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1")
 SKEW_SECONDS = 30
+SKEWED = Path(__file__).resolve().parent / "skewed"
 
 
 def sample(store: afdb.BlobStateStore, key: afdb.PollerKey, log: EvidenceLog) -> dict[str, Any]:
@@ -409,6 +410,8 @@ class Soak:
                 "LD_PRELOAD": str(LIBFAKETIME),
                 "FAKETIME": f"{fault.skew:+d}s",
                 "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+                # soak/skewed/sitecustomize.py: time.sleep that works under libfaketime
+                "PYTHONPATH": os.pathsep.join([str(SKEWED), self.env()["PYTHONPATH"]]),
             },
         )
         assert slot.process is not None
