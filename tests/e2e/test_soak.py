@@ -255,6 +255,19 @@ def test_the_schedule_replays_from_its_seed() -> None:
     assert min(long_pauses) > 15  # past the 15 s lease and the 15 s storage read timeout
 
 
+def test_even_cis_short_soak_meets_every_fault_kind() -> None:
+    for seed in range(1, 200):
+        faults = schedule(seed, 45, 4.0)
+        assert {f.kind for f in faults} == set(KINDS), seed
+        assert all(3 <= f.at < 42 for f in faults), seed
+        assert all(b.at > a.at for a, b in itertools.pairwise(faults)), seed
+        # No fault of the first round lands while Azurite is paused (it would be skipped).
+        first = faults[: len(KINDS)]
+        paused = [(f.at, f.at + f.duration) for f in first if f.kind.startswith("pause_azurite")]
+        hits = [f for f in first if "azurite" in f.kind for a, b in paused if a < f.at < b]
+        assert not hits, (seed, hits)
+
+
 def _control_soak(out: Path, *db: str) -> tuple[subprocess.CompletedProcess[str], Any]:
     """A calm 30 s soak in control mode on ``db``; its process and report."""
     from devkit.azurite import unavailable_reason
