@@ -128,8 +128,8 @@ MARIADB_SETTLE = dt.timedelta(0)
 # "none" is not proven and the margin stays DEFAULT_SETTLE.
 _GLOBAL_TRIGGER = (
     "SELECT COUNT(*) FROM information_schema.USER_PRIVILEGES WHERE PRIVILEGE_TYPE = 'TRIGGER' "
-    "AND GRANTEE = CONCAT(\"'\", SUBSTRING_INDEX(CURRENT_USER(), '@', 1), \"'@'\", "
-    "SUBSTRING_INDEX(CURRENT_USER(), '@', -1), \"'\")"
+    "AND GRANTEE = CONCAT(CHAR(39), SUBSTRING_INDEX(CURRENT_USER(), '@', 1), CHAR(39), '@', "
+    "CHAR(39), SUBSTRING_INDEX(CURRENT_USER(), '@', -1), CHAR(39))"  # (any sql_mode)
 )
 _READ_PROC = "SELECT 1 FROM mysql.proc LIMIT 0"
 ROUTINES_GRANT = "GRANT TRIGGER ON *.* TO {user}; GRANT SELECT ON mysql.proc TO {user}"
