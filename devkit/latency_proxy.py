@@ -18,6 +18,12 @@ shut down, undelivered bytes dropped, as a reset does). Not modelled: connection
 client's connect completes at once; the upstream one is made on accept, without delay), TLS,
 loss and bandwidth limits. Standard library only; the threads are this process's, so a busy
 interpreter (the GIL) can add to the delay, never take from it.
+
+The chaos soak switches a running proxy's faults (``soak/proxy.py``): :attr:`LatencyProxy.delay`
+applies to every chunk read from then on; with :attr:`LatencyProxy.dropping` set, a connection
+is aborted when the server's answer arrives (the request reached the server, its answer is
+lost); with :attr:`LatencyProxy.refusing` set, a new connection is reset as soon as it is
+accepted; :meth:`LatencyProxy.abort_all` cuts every open connection.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import collections
 import contextlib
 import selectors
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -57,12 +64,9 @@ def _quietly_shutdown(sock: socket.socket, how: int) -> None:
 class _Connection:
     """One proxied connection: client <-> upstream, four threads, delayed both ways."""
 
-    def __init__(
-        self, client: socket.socket, upstream: socket.socket, delay: float, proxy: LatencyProxy
-    ) -> None:
+    def __init__(self, client: socket.socket, upstream: socket.socket, proxy: LatencyProxy) -> None:
         self.client = client
         self.upstream = upstream
-        self.delay = delay
         self._proxy = proxy
         self._cond = threading.Condition()
         self._aborted = threading.Event()
@@ -119,7 +123,10 @@ class _Connection:
         queue = self._queues[direction]
         while True:
             data = src.recv(CHUNK)
-            deadline = time.monotonic() + self.delay
+            deadline = time.monotonic() + self._proxy.delay
+            if data and direction == "down" and self._proxy.dropping:
+                self.abort()  # the server answered; the client never hears it
+                return
             with self._cond:
                 while self._buffered[direction] > MAX_BUFFERED and not self._aborted.is_set():
                     self._cond.wait()
@@ -174,6 +181,8 @@ class LatencyProxy:
             raise ValueError(f"delay must be >= 0 seconds, not {delay}")
         self.target = (target_host, target_port)
         self.delay = delay
+        self.dropping = False
+        self.refusing = False
         self._listener: socket.socket | None = None
         self._wake_r: socket.socket | None = None
         self._wake_w: socket.socket | None = None
@@ -258,6 +267,11 @@ class LatencyProxy:
             client, _ = listener.accept()
         except (BlockingIOError, InterruptedError):
             return
+        if self.refusing:
+            # A reset, not a graceful close: what a client meets at a server refusing it.
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            client.close()
+            return
         client.setblocking(True)
         try:
             upstream = socket.create_connection(self.target, timeout=CONNECT_TIMEOUT)
@@ -267,11 +281,19 @@ class LatencyProxy:
         upstream.settimeout(None)
         for sock in (client, upstream):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        connection = _Connection(client, upstream, self.delay, self)
+        connection = _Connection(client, upstream, self)
         with self._lock:
             self._connections.add(connection)
             self._accepted += 1
         connection.start()
+
+    def abort_all(self) -> int:
+        """Abort every open connection (as a reset does); how many there were."""
+        with self._lock:
+            connections = list(self._connections)
+        for connection in connections:
+            connection.abort()
+        return len(connections)
 
     def _forget(self, connection: _Connection) -> None:
         with self._lock:

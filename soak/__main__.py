@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from soak.maria import DEFAULT_MARIADB, MariaSoak
-from soak.run import DEFAULT_PG, Options, Soak
+from soak.run import DEFAULT_PG, KINDS, Options, Soak
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -32,7 +32,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="no faults and a handler that never fails or freezes (with --control: the loss "
         "comes from the missing horizon alone)",
     )
-    parser.add_argument("--pollers", type=int, default=3)
+    parser.add_argument(
+        "--pollers", type=int, default=2, help="processes per poller, competing for its lease"
+    )
     parser.add_argument("--writers", type=int, default=4)
     parser.add_argument(
         "--fault-every", type=float, default=4.0, help="mean seconds between faults"
@@ -53,6 +55,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="the PostgreSQL pollers in the low-latency mode (poll_interval=0.2, each run polls "
         "until its time budget ends) instead of a run a second",
+    )
+    parser.add_argument(
+        "--no-delta", action="store_true", help="leave out the DeltaSink poller (PostgreSQL)"
+    )
+    parser.add_argument(
+        "--no-queue", action="store_true", help="leave out the QueueSink poller (PostgreSQL)"
+    )
+    parser.add_argument(
+        "--burst",
+        type=int,
+        help="rows of the burst written from 40%% of the run on (default: 100 a second of "
+        "soak, at most 200,000)",
+    )
+    parser.add_argument("--no-burst", action="store_true", help="no burst")
+    parser.add_argument(
+        "--no-fault",
+        action="append",
+        default=[],
+        choices=sorted(KINDS),
+        metavar="KIND",
+        help=f"leave this fault kind out (repeatable): {', '.join(KINDS)}",
     )
     parser.add_argument("--pg", default=DEFAULT_PG, help="PostgreSQL URI (default %(default)s)")
     parser.add_argument(
@@ -83,6 +106,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         sink=not args.no_sink,
         checkpoint_every=args.checkpoint_every,
         poll_interval=0.2 if args.low_latency else None,
+        delta=not args.no_delta,
+        queue=not args.no_queue,
+        burst=0 if args.no_burst else args.burst,
+        without=frozenset(args.no_fault),
     )
     failed = False
     for db in ("pg", "mariadb") if args.db == "both" else (args.db,):

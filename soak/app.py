@@ -1,27 +1,34 @@
-"""The function app the soak's pollers run: ``afdb run soak/app.py`` (no ``--once``).
+"""The function app the soak's pollers run: ``afdb run soak.app --poller NAME`` (no ``--once``).
 
-One poller, ``soak``, on the writers' table (cursor ``updated_at``, stamped ``now()`` at the
-start of each writer transaction, so late commits land below rows already delivered), with its
-lease and checkpoint on Azurite, a 1-second schedule and a 15-second lease (Azure's shortest).
-It writes every batch through a ``SqlSink`` into ``<table>_applied`` in the server's
-``postgres`` database (one row per delivered version), which the checker judges for
-exactly-once. With ``SOAK_SINK=0`` (``python -m soak --no-sink``) it has no sink, so the next
-batch's handler runs while the previous batch's commit is in flight (the pipelined engine), and
-``SOAK_CHECKPOINT_EVERY`` coalesces its commits.
-The handler is :class:`soak.handling.SoakHandler`.
+Its pollers come from ``SOAK_POLLERS`` (``name:table:mode:sink,...``), and each process runs
+one of them (``--poller``), with its lease and checkpoint on Azurite, a 15-second lease (Azure's
+shortest), ``poison="quarantine"``, and a mode: ``timer`` (one run a second) or ``low`` (the
+low-latency mode, ``poll_interval=0.2``, one run polling for most of its budget). The sink:
 
-Environment (set by ``soak.run``): ``AzureWebJobsStorage``, ``SOAK_DB_URL``, ``SOAK_SINK_URL``,
-``SOAK_TABLE``,
-``SOAK_CONTAINER``, ``SOAK_EVENTS`` (folder), ``SOAK_DRAIN`` (flag file), ``SOAK_SEED``,
-``SOAK_CONTROL`` (``1``: no late-commit horizon; the soak must then report lost rows),
-``SOAK_POLL_INTERVAL`` (``--low-latency``: the low-latency mode, ``poll_interval`` seconds),
-``SOAK_CALM`` (``1``: the handler never fails, freezes or dawdles, but for the planted poison
-versions, which it always refuses: ``poison="quarantine"`` parks them).
+``sql``    a ``SqlSink`` into ``<table>_applied`` (exactly-once; on PostgreSQL in the server's
+           ``postgres`` database, so an open sink transaction never holds the source's horizon)
+``delta``  a ``DeltaSink`` into the Delta table ``SOAK_DELTA/<table>`` (exactly-once)
+``queue``  a ``QueueSink`` onto the Azurite queue ``SOAK_QUEUE`` (at-least-once)
+``none``   no sink: the next batch's handler runs while the previous batch's commit is in
+           flight (the pipelined engine); ``SOAK_CHECKPOINT_EVERY`` coalesces its commits
+
+The handler is :class:`soak.handling.SoakHandler`. The cursor is ``updated_at``, stamped at the
+start of each writer transaction (late commits land below rows already delivered); on MariaDB a
+naive ``DATETIME(6)`` in the zone ``SOAK_ZONE``.
+
+Environment (set by ``soak.run``): ``AzureWebJobsStorage`` and ``SOAK_DB_URL`` /
+``SOAK_SINK_URL`` (through the soak's fault proxies), ``SOAK_POLLERS``, ``SOAK_CONTAINER``,
+``SOAK_DELTA``, ``SOAK_QUEUE``, ``SOAK_ZONE``, ``SOAK_EVENTS`` (this process's folder),
+``SOAK_DRAIN`` (flag file), ``SOAK_OVERRUN`` (folder of the driver's overrun orders),
+``SOAK_SEED``, ``SOAK_CONTROL`` (``1``: no late-commit horizon; the soak must then report lost
+rows), ``SOAK_CALM`` (``1``: the handler never fails, freezes or dawdles, but for the planted
+poison versions), ``SOAK_POLL_INTERVAL``, ``SOAK_CHECKPOINT_EVERY``.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import azure_functions_db as afdb
@@ -29,46 +36,74 @@ from soak.handling import LEASE_SECONDS, SoakProcess
 
 ENV = os.environ
 PROCESS = SoakProcess.start(ENV)
-APPLIED = f"{ENV['SOAK_TABLE']}_applied"
 
 db = afdb.PollerBlueprint()
 
-SINK = ENV.get("SOAK_SINK", "1") == "1"
-CHECKPOINT_EVERY = int(ENV["SOAK_CHECKPOINT_EVERY"]) if ENV.get("SOAK_CHECKPOINT_EVERY") else None
-SOURCE = afdb.SqlSource(
-    url="%SOAK_DB_URL%",
-    table=ENV["SOAK_TABLE"],
-    cursor="updated_at",
-    pk="id",
-    horizon="none" if PROCESS.control else "auto",
-)
-OPTIONS: dict[str, Any] = {
-    "name": "soak",
-    "schedule": "* * * * * *",
-    "source": SOURCE,
-    "state": afdb.BlobStateStore(container=ENV["SOAK_CONTAINER"]),
-    "batch_size": 100,
-    "time_budget": 30,
-    "lease_duration": LEASE_SECONDS,
-    "max_attempts": 3,
-    "poison": "quarantine",
-}
-if ENV.get("SOAK_POLL_INTERVAL"):  # python -m soak --low-latency
-    OPTIONS["poll_interval"] = float(ENV["SOAK_POLL_INTERVAL"])
-_handle = PROCESS.handler(APPLIED)
 
+def _delta_schema() -> Any:
+    import pyarrow as pa
 
-if SINK:
-
-    @db.poller(
-        **OPTIONS,
-        sink=afdb.SqlSink(url="%SOAK_SINK_URL%", position_table=f"{ENV['SOAK_TABLE']}_positions"),
+    return pa.schema(
+        [("id", pa.int64()), ("version", pa.int64()), ("fence", pa.int64()), ("pid", pa.int64())]
     )
-    def on_changes(batch: afdb.Batch, sink: afdb.SqlWriter) -> None:
-        _handle(batch, sink)
 
-else:  # the pipelined engine: the next handler runs while the commit is in flight
 
-    @db.poller(**OPTIONS, checkpoint_every=CHECKPOINT_EVERY)
-    def on_changes_pipelined(batch: afdb.Batch) -> None:
-        _handle(batch, None)
+def _define(name: str, table: str, mode: str, sink: str) -> None:
+    options: dict[str, Any] = {
+        "name": name,
+        "schedule": "* * * * * *",
+        "source": afdb.SqlSource(
+            url="%SOAK_DB_URL%",
+            table=table,
+            cursor="updated_at",
+            pk="id",
+            horizon="none" if PROCESS.control else "auto",
+            cursor_timezone=ENV.get("SOAK_ZONE") or None,
+        ),
+        "state": afdb.BlobStateStore(container=ENV["SOAK_CONTAINER"]),
+        "batch_size": 100,
+        "time_budget": 20 if mode == "low" else 30,
+        "lease_duration": LEASE_SECONDS,
+        "max_attempts": 3,
+        "poison": "quarantine",
+    }
+    if mode == "low":
+        options["poll_interval"] = float(ENV.get("SOAK_POLL_INTERVAL") or 0.2)
+    handle = PROCESS.handler()
+    on_changes: Callable[..., None]
+    if sink == "sql":
+        options["sink"] = afdb.SqlSink(url="%SOAK_SINK_URL%", position_table=f"{table}_positions")
+        applied = f"{table}_applied"
+
+        def on_sql(batch: afdb.Batch, sink: afdb.SqlWriter) -> None:
+            handle(batch, lambda rows: sink.insert(applied, rows))
+
+        on_changes = on_sql
+    elif sink == "delta":
+        options["sink"] = afdb.DeltaSink(f"%SOAK_DELTA%/{table}", schema=_delta_schema())
+
+        def on_delta(batch: afdb.Batch, sink: afdb.DeltaWriter) -> None:
+            handle(batch, sink.insert)
+
+        on_changes = on_delta
+    elif sink == "queue":
+        out = afdb.QueueSink(ENV["SOAK_QUEUE"])
+
+        def on_queue(batch: afdb.Batch) -> None:
+            handle(batch, lambda _rows: out.send(batch))
+
+        on_changes = on_queue
+    else:  # the pipelined engine: the next handler runs while the commit is in flight
+        if ENV.get("SOAK_CHECKPOINT_EVERY"):
+            options["checkpoint_every"] = int(ENV["SOAK_CHECKPOINT_EVERY"])
+
+        def on_pipelined(batch: afdb.Batch) -> None:
+            handle(batch, None)
+
+        on_changes = on_pipelined
+    on_changes.__name__ = f"on_{name}"
+    db.poller(**options)(on_changes)
+
+
+for _spec in ENV["SOAK_POLLERS"].split(","):
+    _define(*_spec.split(":"))

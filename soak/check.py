@@ -21,10 +21,16 @@ Violations (any one fails the soak):
     (``committed_before_fencing``, reported, not a violation; the new owner reads after it).
 (e) ``phantoms``: a delivered (id, version) that no writer committed (rolled back, aborted, or a
     COMMIT with an unknown outcome that the history table shows did not commit).
-(f) the ``SqlSink``: a (id, version) the handlers' sink transactions committed twice
-    (``sink_duplicates``), or a committed (id, version) of which neither that version nor a
-    later one of its id reached the sink (``sink_missing``): the sink must hold each delivered
-    version exactly once, through every fault.
+(f) the ``SqlSink`` or the ``DeltaSink`` (exactly-once): a (id, version) the handlers' sink
+    transactions committed twice (``sink_duplicates``), or a committed (id, version) of which
+    neither that version nor a later one of its id reached the sink (``sink_missing``): the
+    sink must hold each delivered version exactly once, through every fault.
+(h) the ``QueueSink`` (at-least-once): a committed (id, version) of which neither that version
+    nor a later one of its id came off the queue or was quarantined (``queue_missing``); or
+    messages of one version that carry different ``event_id`` values, or one ``event_id`` on
+    messages of different versions (``queue_bad_ids``): the consumer's dedup key must name
+    exactly one row version. Messages of a version sent more than once are counted
+    (``queue_duplicates``), not judged.
 (g) ``poison="quarantine"``: the handler always fails on a planted poison version
     (:func:`poisoned`); the poller quarantines it. A version counts as accounted for in (a) and
     (f) when a quarantine record holds it (or a later version of its id); a quarantined version
@@ -42,8 +48,9 @@ for them: PostgreSQL's (``timestamptz``, ``bigint``), and MariaDB's (naive ``DAT
 ASCII ``VARCHAR`` id of letters, digits and ``-`` under the default case-insensitive collation,
 which orders as its upper-case form does). The product never orders positions in Python.
 
-A MariaDB soak (several pollers, one table each) keeps one folder per poller under the evidence
-folder, judged each on its own with the shared ``faults.jsonl``; :func:`check` finds them.
+A soak keeps one folder per poller under the evidence folder (``meta.json`` names them), judged
+each on its own with the shared ``faults.jsonl`` (and the shared ``writers/`` and
+``history.json`` when the folder has none: pollers of one table); :func:`check` finds them.
 
 ``python -m soak.check FOLDER`` judges a kept evidence folder again.
 """
@@ -127,6 +134,13 @@ class Report:
     poison_planted: int = 0
     poison_quarantined: int = 0
     quarantined_good: int = 0
+    queue_messages: int | None = None
+    queue_duplicates: int = 0
+    queue_missing: int = 0
+    queue_missing_examples: list[Pair] = field(default_factory=list)
+    queue_bad_ids: int = 0
+    queue_bad_id_examples: list[str] = field(default_factory=list)
+    overruns: int = 0
 
     @property
     def violations(self) -> list[str]:
@@ -145,6 +159,10 @@ class Report:
             found.append(f"(f) {self.sink_duplicates} version(s) written to the sink twice")
         if self.sink_missing:
             found.append(f"(f) {self.sink_missing} committed version(s) the sink never got")
+        if self.queue_missing:
+            found.append(f"(h) {self.queue_missing} committed version(s) never came off the queue")
+        if self.queue_bad_ids:
+            found.append(f"(h) {self.queue_bad_ids} event_id(s) naming no single row version")
         found.extend(f"harness: {h}" for h in self.harness)
         return found
 
@@ -158,8 +176,8 @@ class Report:
             [
                 "| Command | Duration | Faults | Committed versions | Missing | Regressions "
                 "| Stale-fence calls | Phantoms | Duplicates | Longest standstill "
-                "| COMMIT to delivery p50 / p99 | SqlSink |",
-                "|---|---|---|---|---|---|---|---|---|---|---|---|",
+                "| COMMIT to delivery p50 / p99 | SqlSink / DeltaSink | QueueSink |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
                 f"| `{command}` | {self.seconds:.0f} s | {sum(self.faults.values())}: {faults} "
                 f"| {self.committed} ({self.unknown_commits} unknown COMMITs) | {self.missing} "
                 f"| {len(self.regressions)} | {self.stale_calls} "
@@ -169,7 +187,7 @@ class Report:
                 f"| {self.delivered - self.distinct_delivered} "
                 f"(ratio {self.duplicate_ratio:.4f}) | {self.longest_standstill:.1f} s "
                 f"| {self.delay_p50 or 0:.2f} s / {self.delay_p99 or 0:.2f} s "
-                f"| {self._sink_line()} |",
+                f"| {self._sink_line()} | {self._queue_line()} |",
                 "",
                 f"Quarantine: {self._quarantine_line()}.",
             ]
@@ -197,6 +215,15 @@ class Report:
             f"{examples(self.sink_missing_examples)}"
         )
 
+    def _queue_line(self) -> str:
+        if self.queue_messages is None:
+            return "not recorded"
+        examples = f" {self.queue_missing_examples[:3]}" if self.queue_missing else ""
+        return (
+            f"{self.queue_messages} message(s); sent again {self.queue_duplicates}, missing "
+            f"{self.queue_missing}{examples}, event_id faults {self.queue_bad_ids}"
+        )
+
     def summary(self) -> str:
         faults = ", ".join(f"{k} {v}" for k, v in sorted(self.faults.items())) or "none"
 
@@ -211,7 +238,8 @@ class Report:
             f"{self.unknown_resolved_committed} of them committed; {self.rolled_back} rolled "
             "back)",
             f"handler calls      {self.handler_calls} ({self.handler_failures} failed, "
-            f"{self.handler_freezes} froze past the lease)",
+            f"{self.handler_freezes} froze past the lease, {self.overruns} overran budget and "
+            "lease)",
             f"delivered          {self.delivered} ({self.distinct_delivered} distinct; "
             f"duplicate ratio {self.duplicate_ratio:.3f})",
             f"(a) missing        {self.missing} {self.missing_examples[:3] or ''}",
@@ -221,7 +249,8 @@ class Report:
             f"live lease on restart (stale commits: {self.stale_commits}; committed before the "
             f"new owner stored its fence: {self.committed_before_fencing})",
             f"(e) phantoms       {self.phantoms} {self.phantom_examples[:3] or ''}",
-            f"(f) SqlSink        {self._sink_line()}",
+            f"(f) Sql/DeltaSink  {self._sink_line()}",
+            f"(h) QueueSink      {self._queue_line()} {self.queue_bad_id_examples[:2] or ''}",
             f"(g) quarantine     {self._quarantine_line()}",
             f"monitor samples    {self.samples} ({self.sample_errors} failed reads)",
             f"longest standstill {secs(self.longest_standstill)} with committed rows waiting",
@@ -313,8 +342,10 @@ def _check_one(folder: Path, shared: Path) -> Report:
     report.faults = dict(
         Counter(str(f["kind"]) for f in faults if f["ev"] == "fault" and not f.get("skipped"))
     )
-    history = set(_pairs(json.loads((folder / "history.json").read_text())))
-    commits = _commits(read_all(folder / "writers"), history, report)
+    own = folder if (folder / "history.json").exists() else shared
+    history = set(_pairs(json.loads((own / "history.json").read_text())))
+    writers = folder / "writers" if (folder / "writers").exists() else shared / "writers"
+    commits = _commits(read_all(writers), history, report)
     handlers = _Handlers(read_all(folder / "events"), report)
     parked = _quarantined(folder, commits, report)
     # (a) every committed version, or a later one of its id, was delivered or quarantined
@@ -346,6 +377,7 @@ def _check_one(folder: Path, shared: Path) -> Report:
     _stale_calls(handlers, restarts, report)
     _liveness(commits, handlers, good, set(missing), report)
     _sink(folder, commits, parked, report)
+    _queue(folder, commits, parked, report)
     return report
 
 
@@ -378,6 +410,31 @@ def _sink(folder: Path, commits: Mapping[Pair, float], parked: set[Pair], report
         newest[row] = max(version, newest.get(row, -1))
     lost = sorted(p for p in commits if newest.get(p[0], -1) < p[1])
     report.sink_missing, report.sink_missing_examples = len(lost), lost[:EXAMPLES]
+
+
+def _queue(folder: Path, commits: Mapping[Pair, float], parked: set[Pair], report: Report) -> None:
+    """(h) every committed version (or a later one of its id) came off the queue at least
+    once, and each ``event_id`` names one version (``queue.jsonl``, the consumer's log)."""
+    path = folder / "queue.jsonl"
+    if not path.exists():
+        return
+    messages = [m for m in read_all(folder, "queue.jsonl") if m["ev"] == "message"]
+    report.queue_messages = len(messages)
+    ids_of: dict[Pair, set[str]] = defaultdict(set)
+    pairs_of: dict[str, set[Pair]] = defaultdict(set)
+    for m in messages:
+        pair = (_row(m["row"][0]), int(m["row"][1]))
+        ids_of[pair].add(str(m["event_id"]))
+        pairs_of[str(m["event_id"])].add(pair)
+    report.queue_duplicates = len(messages) - len(ids_of)
+    bad = [f"{p} carried {sorted(ids)}" for p, ids in ids_of.items() if len(ids) > 1]
+    bad += [f"{e} named {sorted(ps)}" for e, ps in pairs_of.items() if len(ps) > 1]
+    report.queue_bad_ids, report.queue_bad_id_examples = len(bad), bad[:EXAMPLES]
+    newest: dict[Row, int] = {}
+    for row, version in [*ids_of, *parked]:
+        newest[row] = max(version, newest.get(row, -1))
+    lost = sorted(p for p in commits if newest.get(p[0], -1) < p[1])
+    report.queue_missing, report.queue_missing_examples = len(lost), lost[:EXAMPLES]
 
 
 def _commits(
@@ -447,6 +504,8 @@ class _Handlers:
                 report.handler_failures += 1
             elif kind == "freeze":
                 report.handler_freezes += 1
+            elif kind == "overrun":
+                report.overruns += 1
             elif kind == "log" and ev.get("action") == "lease_acquired":
                 self.grants.append((float(ev["t"]), int(ev["fence"])))
                 self.own_grants.append((float(ev["t"]), int(ev["fence"])))

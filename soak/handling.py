@@ -5,6 +5,11 @@ version (only ``poison="quarantine"`` gets the poller past it), writes the batch
 sink (one row per delivered version), then sometimes works slowly, freezes past its lease or fails;
 once the driver creates the drain flag it does none of that, so the drain is quick. Last it logs
 every (id, version) of the batch, with fsync, before it returns.
+
+The driver's ``overrun_handler`` fault leaves a file named after a poller in ``SOAK_OVERRUN``
+holding a number of seconds: the next call of that poller, in whichever process, takes the file
+(a rename, so only one call does) and sleeps that long (past the poller's ``time_budget`` and
+its lease) before it writes anything.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,12 +44,14 @@ class SoakHandler:
 
     events: EvidenceLog
     drain: Path
-    applied: str
+    overrun: Path | None
     lease_seconds: float
     calm: bool
     rng: random.Random
 
-    def __call__(self, batch: afdb.Batch, sink: afdb.SqlWriter | None) -> None:
+    def __call__(
+        self, batch: afdb.Batch, write: Callable[[list[dict[str, Any]]], object] | None
+    ) -> None:
         # First thing: the checker's (c) judges when the call began. Logged after the sink's
         # insert, a call frozen (SIGSTOP) inside that insert looked as if it began after the
         # freeze, under a fence already superseded (the 30-minute run of 2026-11-26, seed 3939).
@@ -55,9 +62,9 @@ class SoakHandler:
         if bad:  # always, draining or not: only quarantine gets the poller past these
             self.events.write("poison", fence=batch.fence, attempt=batch.attempt, rows=bad)
             raise ValueError(f"soak: planted poison version(s) {bad}")
-        if sink is not None:
-            sink.insert(
-                self.applied,
+        self._overrun(batch)
+        if write is not None:
+            write(
                 [
                     {
                         "id": c.pk,
@@ -90,6 +97,20 @@ class SoakHandler:
             rows=[[change.pk, change.data["version"]] for change in batch],
         )
 
+    def _overrun(self, batch: afdb.Batch) -> None:
+        """Sleep as long as the driver's order for this poller says, if there is one."""
+        order = None if self.overrun is None else self.overrun / batch.poller
+        if order is None or self.drain.exists() or not order.exists():
+            return
+        taken = order.with_name(f"{batch.poller}.{os.getpid()}")
+        try:
+            order.rename(taken)  # only one call takes it
+            seconds = float(taken.read_text() or 0)
+        except (OSError, ValueError):
+            return
+        self.events.write("overrun", fence=batch.fence, seconds=seconds)
+        time.sleep(seconds)
+
 
 @dataclass(frozen=True)
 class SoakProcess:
@@ -100,6 +121,7 @@ class SoakProcess:
 
     events: EvidenceLog
     drain: Path
+    overrun: Path | None
     control: bool
     calm: bool
     rng: random.Random
@@ -112,12 +134,15 @@ class SoakProcess:
         return cls(
             events=events,
             drain=Path(env["SOAK_DRAIN"]),
+            overrun=Path(env["SOAK_OVERRUN"]) if env.get("SOAK_OVERRUN") else None,
             control=env.get("SOAK_CONTROL") == "1",
             calm=env.get("SOAK_CALM") == "1",
             # Per process: each replacement poller draws its own behaviour.
             rng=random.Random(f"{env.get('SOAK_SEED', '0')}:{os.getpid()}"),  # noqa: S311
         )
 
-    def handler(self, applied: str) -> SoakHandler:
-        """The handler of a poller whose sink table is ``applied``."""
-        return SoakHandler(self.events, self.drain, applied, LEASE_SECONDS, self.calm, self.rng)
+    def handler(self) -> SoakHandler:
+        """The handler of this process's poller."""
+        return SoakHandler(
+            self.events, self.drain, self.overrun, LEASE_SECONDS, self.calm, self.rng
+        )

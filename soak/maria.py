@@ -1,7 +1,7 @@
 """The chaos soak on MariaDB: several pollers of one app on several tables of one server.
 
 The same driver, faults and checker as the PostgreSQL soak (:mod:`soak.run`), on what a
-MariaDB user runs: three pollers of one app (``soak.maria_app``), one table each, two in the
+MariaDB user runs: three pollers of one app (``soak.app``), one table each, two in the
 low-latency mode and one as timer runs, each with two processes competing for its lease, all
 reading ``information_schema.innodb_trx`` on one server at once. Tables have a string primary key
 under the server's default case-insensitive collation and a naive ``DATETIME(6)`` cursor stamped
@@ -25,62 +25,40 @@ import datetime as dt
 import json
 import time
 import urllib.parse
-import uuid
-from dataclasses import dataclass
 from typing import Any
 
 import pymysql
 
-import azure_functions_db as afdb
-from devkit.evidence import EvidenceLog, read_events
-from soak.run import REPO, SAMPLE_EVERY, Fault, Options, Slot, Soak, sample
+from devkit.evidence import read_events
+from soak.run import REPO, Fault, Options, Poller, Soak
 
 DEFAULT_MARIADB = "mysql://root@127.0.0.1:3306/test"
 #: The writers' session zone (no daylight saving time) and the pollers' ``cursor_timezone``.
 ZONE, ZONE_OFFSET = "Asia/Kolkata", "+05:30"
 
 
-@dataclass(frozen=True)
-class Poller:
-    name: str
-    table: str
-    mode: str  # "low" (low-latency) or "timer"
-
-    @property
-    def key(self) -> afdb.PollerKey:
-        return afdb.PollerKey(namespace="live", poller=self.name)
-
-
 class MariaSoak(Soak):
     """The soak's driver over MariaDB (``python -m soak --db mariadb``)."""
 
     WRITER = "soak.maria_writer"
+    DB = "mariadb"
 
     def __init__(self, options: Options, server: str = DEFAULT_MARIADB) -> None:
         if options.out is None:
             stamp = time.strftime("%Y%m%d-%H%M%S")
             out = REPO / ".afdb" / "soak" / f"{stamp}-seed{options.seed}-mariadb"
             options = dataclasses.replace(options, out=out)
-        super().__init__(options)
         self.server = urllib.parse.urlsplit(server)
-        tag = uuid.uuid4().hex[:8]
-        self.table = f"soak_{tag}"
-        self.pollers = [
-            Poller("orders_ll", f"soak_{tag}_ll", "low"),
-            Poller("orders_ll2", f"soak_{tag}_ll2", "low"),
-            Poller("orders_timer", f"soak_{tag}_tm", "timer"),
+        super().__init__(options)
+        self.poller_user, self.writer_user = f"soakp_{self.tag}", f"soakw_{self.tag}"
+
+    def make_pollers(self) -> list[Poller]:
+        """Three pollers, one table each, through a ``SqlSink`` into MariaDB."""
+        return [
+            Poller("orders_ll", f"soak_{self.tag}_ll", "low", "sql"),
+            Poller("orders_ll2", f"soak_{self.tag}_ll2", "low", "sql"),
+            Poller("orders_timer", f"soak_{self.tag}_tm", "timer", "sql"),
         ]
-        self.poller_user, self.writer_user = f"soakp_{tag}", f"soakw_{tag}"
-        # Two processes per poller (one with `--pollers 1`), competing for its lease.
-        per = 2 if options.pollers > 1 else 1
-        self.slots = [Slot(i) for i in range(per * len(self.pollers))]
-        self.slot_poller = {
-            slot.index: self.pollers[slot.index % len(self.pollers)] for slot in self.slots
-        }
-        self.latest_by: dict[str, dict[str, Any]] = {}
-        self.samples_by = {
-            p.name: EvidenceLog(self.out / p.name / "samples.jsonl") for p in self.pollers
-        }
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -139,11 +117,12 @@ class MariaSoak(Soak):
 
     def env(self) -> dict[str, str]:
         env = super().env()
+        poller_url = self.proxied(self.url(self.poller_user, "mysql+pymysql"))
         env.update(
             {
-                "SOAK_DB_URL": self.url(self.poller_user, "mysql+pymysql"),
+                "SOAK_DB_URL": poller_url,
+                "SOAK_SINK_URL": poller_url,
                 "SOAK_MARIA_WRITER_URL": self.url(self.writer_user, "mysql"),
-                "SOAK_POLLERS": ",".join(f"{p.name}:{p.table}:{p.mode}" for p in self.pollers),
                 "SOAK_TABLES": ",".join(p.table for p in self.pollers),
                 "SOAK_ZONE": ZONE,
                 "SOAK_ZONE_OFFSET": ZONE_OFFSET,
@@ -152,35 +131,10 @@ class MariaSoak(Soak):
         )
         return env
 
-    def start_poller(self, slot: Slot, extra: dict[str, str] | None = None) -> None:
-        poller = self.slot_poller[slot.index]
-        slot.generation += 1
-        events = self.out / poller.name / "events"
-        process, output = self.spawn(
-            ["-m", "azure_functions_db", "run", "soak.maria_app", "--poller", poller.name],
-            self.out / "pollers" / f"{poller.name}-slot{slot.index}-{slot.generation}.log",
-            {"SOAK_EVENTS": str(events), **(extra or {})},
-        )
-        slot.process, slot.stopped_until = process, None
-        slot.outputs.append(output)
-
-    # -- the monitor ------------------------------------------------------------------------
-
-    def monitor(self) -> None:
-        """Every half second, each poller's checkpoint, then its lease."""
-        store = self.monitor_store()
-        while not self.stop_monitor.wait(SAMPLE_EVERY):
-            for p in self.pollers:
-                seen = sample(store, p.key, self.samples_by[p.name])
-                self.latest_by[p.name] = seen or self.latest_by.get(p.name, {})
+    def db_address(self) -> tuple[str, int]:
+        return self.server.hostname or "127.0.0.1", self.server.port or 3306
 
     # -- faults -----------------------------------------------------------------------------
-
-    def target(self, draw: float) -> Slot:
-        """A lease holder of the poller ``draw`` picks, if a live process holds it."""
-        poller = self.pollers[min(len(self.pollers) - 1, int(draw * len(self.pollers)))]
-        self.latest = self.latest_by.get(poller.name, {})
-        return super().target(draw)
 
     def terminate(self, application: str) -> int:
         """``KILL CONNECTION`` of every session of the pollers, or of one writer."""
@@ -215,13 +169,9 @@ class MariaSoak(Soak):
 
     # -- the run ----------------------------------------------------------------------------
 
-    def backlog(self) -> int:
-        """Rows after each poller's checkpoint (the monitor's last sample), added up."""
-        return sum(self.rows_after_in(p) for p in self.pollers)
-
-    def rows_after_in(self, poller: Poller) -> int:
-        """How many rows the database orders after ``poller``'s checkpoint, in its collation."""
-        position = self.latest_by.get(poller.name, {}).get("position")
+    def rows_after(self, poller: Poller, position: list[Any] | None) -> int:
+        """How many rows the database orders after ``position`` in ``poller``'s table, in its
+        collation."""
         with self.maria() as conn, conn.cursor() as cur:
             if position is None:
                 cur.execute(f"SELECT COUNT(*) FROM `{poller.table}`")
@@ -253,16 +203,11 @@ class MariaSoak(Soak):
                         rows = [[r[1], r[2]] for r in ev.get("rows", []) if r[0] == p.table]
                         out.write(json.dumps({**ev, "rows": rows}) + "\n")
 
-    def dump_sink(self) -> None:
-        for p in self.pollers:
-            query = f"SELECT id, version, fence FROM `{p.table}_applied` ORDER BY n"
-            rows = self.maria_rows(query, p)
-            if rows is not None:
-                (self.out / p.name / "sink.json").write_text(json.dumps(rows))
-
-    def dump_quarantine(self) -> None:
-        for p in self.pollers:
-            self.write_quarantine(p.key, self.out / p.name / "quarantine.json")
+    def dump_sql_sink(self, poller: Poller) -> None:
+        query = f"SELECT id, version, fence FROM `{poller.table}_applied` ORDER BY n"
+        rows = self.maria_rows(query, poller)
+        if rows is not None:
+            (self.out / poller.name / "sink.json").write_text(json.dumps(rows))
 
     def maria_rows(self, query: str, poller: Poller) -> list[list[Any]] | None:
         try:
@@ -272,12 +217,3 @@ class MariaSoak(Soak):
         except pymysql.Error as exc:
             self.harness.append(f"{poller.name}: cannot read `{query}`: {exc}")
             return None
-
-    def write_meta(self) -> None:
-        super().write_meta()
-        meta = json.loads((self.out / "meta.json").read_text())
-        for p in self.pollers:
-            own = {**meta, "table": p.table, "mode": p.mode, "harness": []}
-            (self.out / p.name / "meta.json").write_text(json.dumps(own, indent=2))
-        meta.update(db="mariadb", poller_names=[p.name for p in self.pollers])
-        (self.out / "meta.json").write_text(json.dumps(meta, indent=2))

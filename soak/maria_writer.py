@@ -7,7 +7,8 @@ each change in its table's history table in the same transaction. Ids are string
 order differently under the default case-insensitive collation than byte-wise (writer 0 writes
 ``a...``, writer 1 ``B...``): the database, not Python, must order them. Some transactions are
 held open for seconds before COMMIT (late commits), some roll back. The evidence is
-``soak.writer``'s, with the table of each change: ``rows`` are ``[table, id, version]``.
+``soak.writer``'s, with the table of each change: ``rows`` are ``[table, id, version]``. With
+``--burst ROWS`` it is the soak's burst (``soak.writer``), its ids ``Zb<n>-x``.
 
 Environment: ``SOAK_MARIA_WRITER_URL`` (PyMySQL arguments as a URL), ``SOAK_TABLES``
 (comma-separated), ``SOAK_ZONE_OFFSET``, ``SOAK_EVIDENCE``, ``SOAK_STOP``, ``SOAK_SEED``.
@@ -28,7 +29,7 @@ from typing import Any
 import pymysql
 
 from devkit.evidence import EvidenceLog
-from soak.writer import Ending, run
+from soak.writer import Ending, arguments, run
 
 LETTERS = "aBcDeFgH"
 
@@ -110,6 +111,36 @@ class MariaWriter:
             for table, row in fresh:
                 self.owned[table].append(row)
 
+    def burst(self, conn: pymysql.connections.Connection[Any], count: int) -> int:
+        """One burst transaction of ``count`` new rows over the tables; how many committed."""
+        rows: list[tuple[str, str]] = []
+        for _ in range(count):
+            self.next_id += 1
+            rows.append(
+                (self.rng.choice(self.tables), f"Zb{self.next_id}-{'xY'[self.next_id % 2]}")
+            )
+        changes = [[table, row, 1] for table, row in rows]
+        try:
+            with conn.cursor() as cur:
+                for table in self.tables:
+                    mine = [row for t, row in rows if t == table]
+                    if not mine:
+                        continue
+                    cur.executemany(
+                        f"INSERT INTO `{table}` (id, version, writer, updated_at) "
+                        "VALUES (%s, 1, %s, NOW(6))",
+                        [(row, self.index) for row in mine],
+                    )
+                    cur.executemany(
+                        f"INSERT INTO `{table}_history` (id, version) VALUES (%s, 1)", mine
+                    )
+        except pymysql.Error as exc:
+            self.log.write("aborted", rows=changes, error=type(exc).__name__)
+            self.close()
+            return 0
+        ending = Ending(self.log, self.rng, changes, pymysql.Error, self.close)
+        return count if ending.finish(conn.rollback, conn.commit) else 0
+
     def close(self) -> None:
         if self.conn is not None:
             with contextlib.suppress(pymysql.Error):
@@ -117,9 +148,10 @@ class MariaWriter:
             self.conn = None
 
 
-def main(index: int) -> int:
-    return run(MariaWriter(index, os.environ), index, os.environ)
+def main(argv: list[str]) -> int:
+    index, burst = arguments(argv)
+    return run(MariaWriter(index, os.environ), index, os.environ, burst)
 
 
 if __name__ == "__main__":
-    sys.exit(main(int(sys.argv[1])))
+    sys.exit(main(sys.argv[1:]))

@@ -17,11 +17,34 @@ that is where a fault does harm) and recorded in ``faults.jsonl``. Kinds:
 ``skew_poller``          replace a poller with one whose wall clock is 30 s ahead or behind
                          (libfaketime; its monotonic clock, which the evidence uses, is not
                          moved) for 10-30 s, then with a normal one again
+``slow_storage``         the pollers' storage answers 50-500 ms late per request for 5-20 s
+                         (the fault proxy in front of Azurite's Blob and Queue services)
+``drop_storage``         for 2-6 s the proxy drops every storage connection when the answer
+                         arrives: the request landed, the poller never hears so
+``refuse_db``            for 3-8 s the database refuses the pollers' new connections (the
+                         proxy in front of it resets them; half the time it cuts the open ones
+                         first, so the pollers must reconnect into the refusal)
+``overrun_handler``      the lease holder's next handler call sleeps past its ``time_budget``
+                         and its lease (48 s) before it writes anything
 
-Evidence folder (kept; its path is printed): ``meta.json``, ``faults.jsonl``, ``samples.jsonl``
-(the monitor's reads of checkpoint and lease every half second), ``writers/``, ``events/`` (the
-handlers' and engines' events), ``pollers/`` and ``writers/*.log`` (process output),
-``azurite/`` (its data and log), ``history.json`` (the history table), ``report.json``.
+Besides the faults, a **burst** (``--burst``, default 200,000 rows, fewer in a short soak: 100 a
+second of soak) is written by one more writer from 40% of the run on, in transactions of 500
+rows, so writers outpace the pollers while faults go on.
+
+Pollers (:class:`Poller`): on PostgreSQL three of one app on the writers' table, each with its
+own processes competing for its lease: ``soak`` through a ``SqlSink`` (PostgreSQL's
+``postgres`` database), ``soak_delta`` through a ``DeltaSink`` (read back with ``deltalake``)
+and ``soak_queue`` through a ``QueueSink`` onto Azurite's queue (emptied by a consumer while the
+soak runs, :mod:`soak.readback`); ``--no-delta`` / ``--no-queue`` leave them out. The pollers
+reach Azurite and the database through the fault proxies (:mod:`soak.proxy`); the driver's own
+reads do not.
+
+Evidence folder (kept; its path is printed): ``meta.json``, ``faults.jsonl``, ``writers/``
+(the writers' evidence and output), ``history.json`` (the history table), ``pollers/`` (process
+output), ``azurite/`` (its data and log), ``report.json``, and one folder per poller:
+``events/`` (its handlers' and engines' events), ``samples.jsonl`` (the monitor's reads of its
+checkpoint and lease every half second), ``sink.json`` (what its SqlSink or DeltaSink holds) or
+``queue.jsonl`` (the messages its queue carried), ``quarantine.json`` and its ``meta.json``.
 """
 
 from __future__ import annotations
@@ -52,30 +75,43 @@ from devkit.azurite import DIE_WITH_PARENT, Azurite
 from devkit.evidence import EvidenceLog
 from soak.check import Report, check
 from soak.handling import LEASE_SECONDS
+from soak.proxy import FaultProxies
+from soak.readback import QueueConsumer, delta_rows
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/test"
 CONTAINER = "soak-state"
-KEY = afdb.PollerKey(namespace="live", poller="soak")
 LEASE = LEASE_SECONDS  # the pollers' lease (soak.handling)
 SAMPLE_EVERY = 0.5
 
 #: Fault kinds and their weights in the schedule.
 KINDS: dict[str, float] = {
-    "kill_poller": 0.24,
-    "stop_poller": 0.16,
-    "restart_azurite": 0.10,
-    "pause_azurite_short": 0.12,
-    "pause_azurite_long": 0.08,
-    "terminate_pollers": 0.18,
-    "terminate_writer": 0.12,
-    "skew_poller": 0.10,
+    "kill_poller": 0.20,
+    "stop_poller": 0.12,
+    "restart_azurite": 0.07,
+    "pause_azurite_short": 0.08,
+    "pause_azurite_long": 0.05,
+    "terminate_pollers": 0.12,
+    "terminate_writer": 0.09,
+    "skew_poller": 0.07,
+    "slow_storage": 0.07,
+    "drop_storage": 0.05,
+    "refuse_db": 0.05,
+    "overrun_handler": 0.04,
 }
 #: What ``skew_poller`` preloads (Debian's ``faketime``, installed by ``make debian-packages``),
 #: and by how many seconds it moves the wall clock.
 LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1")
 SKEW_SECONDS = 30
 SKEWED = Path(__file__).resolve().parent / "skewed"
+#: ``overrun_handler``: past the time budget (30 s) and the lease, by 3 s.
+OVERRUN_SECONDS = 30 + LEASE + 3
+#: The burst: its default size (100 rows a second of soak, at most 200,000), when it starts.
+BURST_PER_SECOND, BURST_MAX, BURST_AT = 100, 200_000, 0.4
+
+
+def default_burst(seconds: float) -> int:
+    return min(BURST_MAX, round(BURST_PER_SECOND * seconds))
 
 
 def sample(store: afdb.BlobStateStore, key: afdb.PollerKey, log: EvidenceLog) -> dict[str, Any]:
@@ -109,7 +145,7 @@ class Options:
     out: Path | None = None
     control: bool = False
     calm: bool = False  # no faults, and a handler that never fails, freezes or dawdles
-    pollers: int = 3
+    pollers: int = 2  # processes per poller, competing for its lease
     writers: int = 4
     fault_every: float = 4.0
     drain_timeout: float = 150.0
@@ -117,6 +153,30 @@ class Options:
     sink: bool = True  # False: no SqlSink, so the next handler runs while a commit is in flight
     checkpoint_every: int | None = None  # without a sink: coalesced commits
     poll_interval: float | None = None  # the low-latency mode: a run polls until its budget ends
+    delta: bool = True  # the DeltaSink poller (PostgreSQL)
+    queue: bool = True  # the QueueSink poller (PostgreSQL)
+    burst: int | None = None  # rows; None: default_burst(seconds); 0: none
+    without: frozenset[str] = frozenset()  # fault kinds left out
+
+    @property
+    def burst_rows(self) -> int:
+        return default_burst(self.seconds) if self.burst is None else self.burst
+
+
+@dataclass(frozen=True)
+class Poller:
+    name: str
+    table: str
+    mode: str  # "low" (low-latency) or "timer"
+    sink: str  # "sql", "delta", "queue" or "none"
+
+    @property
+    def key(self) -> afdb.PollerKey:
+        return afdb.PollerKey(namespace="live", poller=self.name)
+
+    @property
+    def spec(self) -> str:
+        return f"{self.name}:{self.table}:{self.mode}:{self.sink}"
 
 
 @dataclass(frozen=True)
@@ -127,11 +187,16 @@ class Fault:
 
     @property
     def duration(self) -> float:
+        other = (self.draw * 7919) % 1  # a second draw from the same number
         return {
             "stop_poller": LEASE + 1 + 5 * self.draw,
             "pause_azurite_short": 1 + 3 * self.draw,
             "pause_azurite_long": LEASE + 1 + 6 * self.draw,
             "skew_poller": 10 + 20 * self.draw,
+            "slow_storage": 5 + 15 * other,
+            "drop_storage": 2 + 4 * self.draw,
+            "refuse_db": 3 + 5 * self.draw,
+            "overrun_handler": OVERRUN_SECONDS,
         }.get(self.kind, 0.0)
 
     @property
@@ -139,27 +204,39 @@ class Fault:
         """``skew_poller``: the seconds the wall clock moves, ahead or behind by the draw."""
         return SKEW_SECONDS if int(self.draw * 1000) % 2 == 0 else -SKEW_SECONDS
 
+    @property
+    def latency(self) -> float:
+        """``slow_storage``: seconds added to each request's round trip (50-500 ms)."""
+        return round(0.05 + 0.45 * self.draw, 3)
 
-def schedule(seed: int, seconds: float, every: float) -> list[Fault]:
+
+def schedule(
+    seed: int, seconds: float, every: float, without: frozenset[str] = frozenset()
+) -> list[Fault]:
     """The faults of a soak: one every ``every`` seconds on average, none in the first 3 s or
-    the last 3 s, drawn from ``seed`` alone. The first round has one fault of every kind, in a
-    seeded order, closer together when the soak is too short for a round at ``every`` (CI's
-    45 s on each database still meets every kind)."""
+    the last 3 s, drawn from ``seed`` alone (``without``: kinds left out). The first round has
+    one fault of every kind, in a seeded order, closer together when the soak is too short for
+    a round at ``every`` (CI's 45 s on each database still meets every kind)."""
     rng = random.Random(seed)  # noqa: S311 - a replayable schedule, not crypto
-    kinds, weights = list(KINDS), list(KINDS.values())
+    kinds = [k for k in KINDS if k not in without]
+    weights = [KINDS[k] for k in kinds]
     # Azurite's faults where none falls inside another's pause (it would be skipped): the
     # restart and the short pause first, the long pause last, the others between, shuffled.
     azurite = ("restart_azurite", "pause_azurite_short", "pause_azurite_long")
     others = [k for k in kinds if k not in azurite]
-    order = [*azurite[:2], *rng.sample(others, len(others)), azurite[2]]
-    slot = min(every, (seconds - 6) / len(order))
+    order = [
+        *(k for k in azurite[:2] if k in kinds),
+        *rng.sample(others, len(others)),
+        *(k for k in azurite[2:] if k in kinds),
+    ]
+    slot = min(every, (seconds - 6) / max(1, len(order)))
     faults = [
         Fault(round(3.0 + i * slot + rng.uniform(0, 0.5 * slot), 3), kind, rng.random())
         for i, kind in enumerate(order)
         if slot > 0
     ]
     at = 3.0 + len(order) * slot + rng.uniform(0.5 * every, 1.5 * every)
-    while at < seconds - 3:
+    while kinds and at < seconds - 3:
         faults.append(Fault(round(at, 3), rng.choices(kinds, weights)[0], rng.random()))
         at += rng.uniform(0.5 * every, 1.5 * every)
     return faults
@@ -167,9 +244,11 @@ def schedule(seed: int, seconds: float, every: float) -> list[Fault]:
 
 @dataclass
 class Slot:
-    """One poller position: the process in it now, and whether the driver froze it."""
+    """One poller process's place: the poller it runs, the process in it now, and whether the
+    driver froze it."""
 
     index: int
+    poller: Poller
     process: subprocess.Popen[bytes] | None = None
     stopped_until: float | None = None
     generation: int = 0
@@ -179,25 +258,50 @@ class Slot:
 class Soak:
     #: The module of a writer process.
     WRITER = "soak.writer"
+    DB = "pg"
 
     def __init__(self, options: Options) -> None:
         self.o = options
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self.out = options.out or REPO / ".afdb" / "soak" / f"{stamp}-seed{options.seed}"
         self.out.mkdir(parents=True, exist_ok=True)
-        self.table = f"soak_{uuid.uuid4().hex[:10]}"
+        self.tag = uuid.uuid4().hex[:10]
+        self.table = f"soak_{self.tag}"
+        self.pollers = self.make_pollers()
         self.faults = EvidenceLog(self.out / "faults.jsonl")
-        self.samples = EvidenceLog(self.out / "samples.jsonl")
         self.azurite = Azurite(self.out / "azurite")
-        self.slots = [Slot(i) for i in range(options.pollers)]
+        self.proxies: FaultProxies | None = None
+        self.consumers: dict[str, QueueConsumer] = {}
+        per = max(1, options.pollers)
+        self.slots = [
+            Slot(i, self.pollers[i % len(self.pollers)]) for i in range(per * len(self.pollers))
+        ]
+        self.samples_by = {
+            p.name: EvidenceLog(self.out / p.name / "samples.jsonl") for p in self.pollers
+        }
+        self.latest_by: dict[str, dict[str, Any]] = {}
         self.writers: list[subprocess.Popen[bytes]] = []
         self.stop_monitor = threading.Event()
-        self.latest: dict[str, Any] = {}
         self.harness: list[str] = []
         self.poller_exits = 0
         self.follow_ups: list[tuple[float, str, Callable[[], None]]] = []
         self.t0 = time.monotonic()
         self.writers_stopped: float | None = None
+        self.burst_started = False
+
+    def make_pollers(self) -> list[Poller]:
+        """PostgreSQL: three pollers of the writers' table, one per sink."""
+        mode = "low" if self.o.poll_interval else "timer"
+        pollers = [Poller("soak", self.table, mode, "sql" if self.o.sink else "none")]
+        if self.o.delta:
+            pollers.append(Poller("soak_delta", self.table, mode, "delta"))
+        if self.o.queue:
+            pollers.append(Poller("soak_queue", self.table, mode, "queue"))
+        return pollers
+
+    @property
+    def queue_name(self) -> str:
+        return f"soak-{self.tag}"
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -270,22 +374,53 @@ class Soak:
                 )
             )
 
+    def db_address(self) -> tuple[str, int]:
+        """The database server the fault proxy stands in front of."""
+        url = urllib.parse.urlsplit(self.o.pg)
+        return url.hostname or "127.0.0.1", url.port or 5432
+
+    def proxied(self, url: str) -> str:
+        """``url`` with the database's host and port replaced by its fault proxy's."""
+        if self.proxies is None:
+            return url
+        parts = urllib.parse.urlsplit(url)
+        userinfo, at, _ = parts.netloc.rpartition("@")
+        netloc = f"{userinfo}{at}127.0.0.1:{self.proxies.ports['db']}"
+        return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+    def storage(self) -> str:
+        """The pollers' storage connection string: Blob and Queue through the fault proxy."""
+        text = self.azurite.connection_string
+        if self.proxies is None:
+            return text
+        for name, endpoint in (
+            ("blob", self.azurite.blob_endpoint),
+            ("queue", self.azurite.queue_endpoint),
+        ):
+            parts = urllib.parse.urlsplit(endpoint)
+            moved = parts._replace(netloc=f"127.0.0.1:{self.proxies.ports[name]}")
+            text = text.replace(endpoint, urllib.parse.urlunsplit(moved))
+        return text
+
     def env(self) -> dict[str, str]:
-        poller_url = self.o.pg.replace("postgresql://", "postgresql+psycopg://", 1)
-        joiner = "&" if "?" in poller_url else "?"
+        poller_url = self.proxied(self.o.pg).replace("postgresql://", "postgresql+psycopg://", 1)
+        sink_url = self.proxied(self.sink_pg).replace("postgresql://", "postgresql+psycopg://", 1)
+        name = f"application_name={self.table}-poller"
         return {
             **os.environ,
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-            "AzureWebJobsStorage": self.azurite.connection_string,
-            "SOAK_DB_URL": f"{poller_url}{joiner}application_name={self.table}-poller",
+            "AzureWebJobsStorage": self.storage(),
+            "SOAK_DB_URL": f"{poller_url}{'&' if '?' in poller_url else '?'}{name}",
             # The pollers' sink sessions share their application name: terminate_pollers cuts
             # them too, sometimes between a sink COMMIT and its answer.
-            "SOAK_SINK_URL": self.sink_pg.replace("postgresql://", "postgresql+psycopg://", 1)
-            + f"{'&' if '?' in self.sink_pg else '?'}application_name={self.table}-poller",
+            "SOAK_SINK_URL": f"{sink_url}{'&' if '?' in sink_url else '?'}{name}",
             "SOAK_PG": self.o.pg,
             "SOAK_TABLE": self.table,
+            "SOAK_POLLERS": ",".join(p.spec for p in self.pollers),
             "SOAK_CONTAINER": CONTAINER,
-            "SOAK_EVENTS": str(self.out / "events"),
+            "SOAK_DELTA": str(self.out / "delta"),
+            "SOAK_QUEUE": self.queue_name,
+            "SOAK_OVERRUN": str(self.out / "overrun"),
             "SOAK_EVIDENCE": str(self.out / "writers"),
             "SOAK_DRAIN": str(self.out / "drain.flag"),
             "SOAK_STOP": str(self.out / "stop-writers.flag"),
@@ -293,7 +428,6 @@ class Soak:
             "SOAK_WRITERS": str(self.o.writers),
             "SOAK_CONTROL": "1" if self.o.control else "0",
             "SOAK_CALM": "1" if self.o.calm else "0",
-            "SOAK_SINK": "1" if self.o.sink else "0",
             "SOAK_CHECKPOINT_EVERY": str(self.o.checkpoint_every or ""),
             "SOAK_POLL_INTERVAL": str(self.o.poll_interval or ""),
         }
@@ -315,20 +449,45 @@ class Soak:
         return process, output
 
     def start_poller(self, slot: Slot, extra: dict[str, str] | None = None) -> None:
+        poller = slot.poller
         slot.generation += 1
         process, output = self.spawn(
-            ["-m", "azure_functions_db", "run", "soak.app"],
-            self.out / "pollers" / f"slot{slot.index}-{slot.generation}.log",
-            extra,
+            ["-m", "azure_functions_db", "run", "soak.app", "--poller", poller.name],
+            self.out / "pollers" / f"{poller.name}-slot{slot.index}-{slot.generation}.log",
+            {"SOAK_EVENTS": str(self.out / poller.name / "events"), **(extra or {})},
         )
         slot.process, slot.stopped_until = process, None
         slot.outputs.append(output)
 
-    def start_writer(self, index: int) -> None:
+    def start_writer(self, index: int, *args: str) -> None:
         process, _ = self.spawn(
-            ["-m", self.WRITER, str(index)], self.out / "writers" / f"writer-{index}.log"
+            ["-m", self.WRITER, str(index), *args], self.out / "writers" / f"writer-{index}.log"
         )
         self.writers.append(process)
+
+    def start_proxies(self) -> None:
+        """The fault proxies in front of Azurite's Blob and Queue services and the database."""
+        blob = urllib.parse.urlsplit(self.azurite.blob_endpoint)
+        queue = urllib.parse.urlsplit(self.azurite.queue_endpoint)
+        self.proxies = FaultProxies(
+            {
+                "blob": (blob.hostname or "127.0.0.1", blob.port or 0),
+                "queue": (queue.hostname or "127.0.0.1", queue.port or 0),
+                "db": self.db_address(),
+            },
+            self.out / "proxy.log",
+        )
+
+    def start_consumers(self) -> None:
+        for p in self.pollers:
+            if p.sink == "queue":
+                consumer = QueueConsumer(
+                    self.azurite.connection_string,
+                    self.queue_name,
+                    self.out / p.name / "queue.jsonl",
+                )
+                consumer.start()
+                self.consumers[p.name] = consumer
 
     # -- the monitor ------------------------------------------------------------------------
 
@@ -345,11 +504,13 @@ class Soak:
         )
 
     def monitor(self) -> None:
-        """Read the checkpoint, then the lease, every half second (the lease's fence can only
-        be higher than the checkpoint's read before it)."""
+        """Every half second, each poller's checkpoint, then its lease (the lease's fence can
+        only be higher than the checkpoint's read before it)."""
         store = self.monitor_store()
         while not self.stop_monitor.wait(SAMPLE_EVERY):
-            self.latest = sample(store, KEY, self.samples) or self.latest
+            for p in self.pollers:
+                seen = sample(store, p.key, self.samples_by[p.name])
+                self.latest_by[p.name] = seen or self.latest_by.get(p.name, {})
 
     # -- faults -----------------------------------------------------------------------------
 
@@ -363,20 +524,26 @@ class Soak:
         self.follow_ups.append((self.elapsed() + seconds, what, action))
 
     def target(self, draw: float) -> Slot:
-        """The poller that holds the lease if a live one does, else one picked by ``draw``."""
-        live = [s for s in self.slots if s.stopped_until is None and s.process is not None]
-        holder = self.latest.get("holder") or ""
+        """A process of the poller ``draw`` picks: the one holding its lease if a live one
+        does (that is where a fault does harm), else one picked by ``draw``."""
+        poller = self.pollers[min(len(self.pollers) - 1, int(draw * len(self.pollers)))]
+        mine = [s for s in self.slots if s.poller == poller]
+        live = [s for s in mine if s.stopped_until is None and s.process is not None]
+        holder = self.latest_by.get(poller.name, {}).get("holder") or ""
         pid = holder.split(":")[1] if holder.count(":") >= 2 else ""
         for slot in live:
             if slot.process is not None and str(slot.process.pid) == pid:
                 return slot
-        pool = live or self.slots
-        return pool[min(len(pool) - 1, int(draw * len(pool)))]
+        pool = live or mine
+        within = (draw * len(self.pollers)) % 1
+        return pool[min(len(pool) - 1, int(within * len(pool)))]
 
     def inject(self, fault: Fault) -> None:
         kind = fault.kind
         if kind in ("kill_poller", "stop_poller"):
             slot = self.target(fault.draw)
+            if slot.process is None:
+                self.start_poller(slot)
             assert slot.process is not None
             pid = slot.process.pid
             if kind == "kill_poller":
@@ -404,8 +571,50 @@ class Soak:
         elif kind == "terminate_writer":
             name = f"{self.table}-writer-{int(fault.draw * self.o.writers)}"
             self.record(kind, application=name, sessions=self.terminate(name))
-        elif kind == "skew_poller":
-            self.skew(fault)
+        else:
+            {"skew_poller": self.skew, "overrun_handler": self.overrun}.get(
+                kind, self.switch_proxy
+            )(fault)
+
+    def switch_proxy(self, fault: Fault) -> None:
+        """``slow_storage``, ``drop_storage``, ``refuse_db``: switch the fault proxy's fault on
+        for the fault's duration."""
+        proxies = self.proxies
+        if proxies is None:
+            self.record(fault.kind, skipped="no fault proxy")
+            return
+        seconds = round(fault.duration, 2)
+        names = ("db",) if fault.kind == "refuse_db" else ("blob", "queue")
+        command, on, off = {
+            "slow_storage": ("delay", str(fault.latency / 2), "0"),
+            "drop_storage": ("drop", "1", "0"),
+            "refuse_db": ("refuse", "1", "0"),
+        }[fault.kind]
+        cut = fault.kind == "refuse_db" and fault.draw < 0.5
+        for name in names:
+            proxies.send(name, command, on)
+            if cut:
+                proxies.send(name, "abort")
+        extra = {"latency": fault.latency} if fault.kind == "slow_storage" else {}
+        self.record(fault.kind, seconds=seconds, cut_open_connections=cut, **extra)
+
+        def undo() -> None:
+            for name in names:
+                proxies.send(name, command, off)
+            self.faults.write("proxy_restored", kind=fault.kind)
+
+        self.later(fault.duration, f"undo_{fault.kind}", undo)
+
+    def overrun(self, fault: Fault) -> None:
+        """Order the next handler call of the poller ``fault.draw`` picks to sleep past its
+        budget and its lease (whichever of its processes makes that call)."""
+        poller = self.target(fault.draw).poller
+        folder = self.out / "overrun"
+        folder.mkdir(exist_ok=True)
+        order = folder / poller.name
+        order.with_suffix(".tmp").write_text(str(OVERRUN_SECONDS))
+        order.with_suffix(".tmp").replace(order)
+        self.record(fault.kind, poller=poller.name, seconds=OVERRUN_SECONDS)
 
     def skew(self, fault: Fault) -> None:
         """Replace the target poller with one whose wall clock is ``fault.skew`` seconds off,
@@ -433,6 +642,7 @@ class Soak:
             fault.kind,
             pid=pid,
             replacement=slot.process.pid,
+            poller=slot.poller.name,
             skew_seconds=fault.skew,
             seconds=round(fault.duration, 2),
         )
@@ -498,13 +708,15 @@ class Soak:
         self.create_tables()
         monitor = threading.Thread(target=self.monitor, name="soak-monitor", daemon=True)
         try:
+            self.start_proxies()
+            self.start_consumers()
             self.t0 = time.monotonic()
             for i in range(o.writers):
                 self.start_writer(i)
             for slot in self.slots:
                 self.start_poller(slot)
             monitor.start()
-            self.drive([] if o.calm else schedule(o.seed, o.seconds, o.fault_every))
+            self.drive([] if o.calm else schedule(o.seed, o.seconds, o.fault_every, o.without))
             self.drain()
         finally:
             self.stop_monitor.set()
@@ -514,9 +726,12 @@ class Soak:
                 writer.kill()
                 writer.wait()
             monitor.join(timeout=10)
+            for consumer in self.consumers.values():
+                consumer.stop()
+            if self.proxies is not None:
+                self.proxies.close()
             self.dump_history()
-            if self.o.sink:
-                self.dump_sink()
+            self.dump_sinks()
             self.dump_quarantine()
             self.write_meta()
             self.drop_tables()
@@ -533,18 +748,24 @@ class Soak:
             while pending and pending[0].at <= self.elapsed():
                 self.inject(pending.pop(0))
             self.watch_pollers()
+            if not self.burst_started and self.elapsed() >= BURST_AT * self.o.seconds:
+                self.burst_started = True
+                if self.o.burst_rows > 0:
+                    self.start_writer(self.o.writers, "--burst", str(self.o.burst_rows))
+                    self.faults.write("burst", rows=self.o.burst_rows, at=round(self.elapsed(), 3))
             if self.elapsed() - last_note >= 15:
                 last_note = self.elapsed()
                 print(
                     f"soak: {last_note:.0f}s of {self.o.seconds:.0f}s, "
-                    f"{len(faults) - len(pending)} fault(s) so far",
+                    f"{len(faults) - len(pending)} fault(s) so far, backlog {self.backlog()}",
                     flush=True,
                 )
             time.sleep(0.05)
 
     def drain(self) -> None:
-        """Stop the writers, undo every fault, and wait until the checkpoint stands at the
-        table's last row (the database decides: no row after it is left)."""
+        """Stop the writers, undo every fault, and wait until every poller's checkpoint stands
+        at its table's last row (the database decides: no row after it is left) and every
+        queue is empty."""
         self.run_follow_ups(everything=True)
         self.azurite.ensure_running()
         (self.out / "stop-writers.flag").touch()
@@ -561,22 +782,25 @@ class Soak:
         deadline = time.monotonic() + self.o.drain_timeout
         while time.monotonic() < deadline:
             self.watch_pollers()
-            if self.backlog() == 0:
+            if self.backlog() == 0 and all(c.drained() for c in self.consumers.values()):
                 self.faults.write("drained", at=round(self.elapsed(), 3))
                 return
             time.sleep(0.5)
         self.harness.append(
             f"the drain did not reach the table's last row within {self.o.drain_timeout:.0f} s "
-            f"({self.backlog()} row(s) after the checkpoint)"
+            f"({self.backlog()} row(s) after the checkpoints, queue drained: "
+            f"{all(c.drained() for c in self.consumers.values())})"
         )
 
     def backlog(self) -> int:
-        """Rows the database orders after the checkpoint the monitor saw last."""
-        return self.rows_after(self.latest.get("position"))
+        """Rows after each poller's checkpoint (the monitor's last sample), added up."""
+        return sum(
+            self.rows_after(p, self.latest_by.get(p.name, {}).get("position")) for p in self.pollers
+        )
 
-    def rows_after(self, position: list[Any] | None) -> int:
+    def rows_after(self, poller: Poller, position: list[Any] | None) -> int:
         """How many rows the database orders after ``position`` (all rows if ``None``)."""
-        table = sql.Identifier(self.table)
+        table = sql.Identifier(poller.table)
         with self.admin() as conn:
             if position is None:
                 row = conn.execute(sql.SQL("SELECT count(*) FROM {t}").format(t=table)).fetchone()
@@ -587,22 +811,37 @@ class Soak:
         return int(row[0]) if row else 0
 
     def dump_history(self) -> None:
+        """The history table, shared by the pollers of one table (the checker reads the
+        folder's own ``history.json`` and ``writers/`` first, then the shared ones)."""
         rows = self.read_rows(self.admin, "SELECT id, version FROM {t}", "history")
         (self.out / "history.json").write_text(json.dumps(rows or []))
 
-    def dump_sink(self) -> None:
-        """What the SqlSink holds: every (id, version, fence) the handlers' transactions
-        committed, for the checker's exactly-once judgement (no file when it cannot be read:
-        the harness line fails the run)."""
+    def dump_sinks(self) -> None:
+        """What each poller's sink holds, for the checker: ``sink.json`` of the SqlSink's
+        table or the Delta table (no file when it cannot be read: the harness line fails the
+        run); the queue's consumer wrote ``queue.jsonl`` as it went."""
+        for p in self.pollers:
+            if p.sink == "sql":
+                self.dump_sql_sink(p)
+            elif p.sink == "delta":
+                try:
+                    rows = delta_rows(str(self.out / "delta" / p.table))
+                except Exception as exc:  # noqa: BLE001 - reported as a harness failure
+                    self.harness.append(f"{p.name}: cannot read the Delta table: {exc!r}")
+                    continue
+                (self.out / p.name / "sink.json").write_text(json.dumps(rows))
+
+    def dump_sql_sink(self, poller: Poller) -> None:
         rows = self.read_rows(
             self.sink_admin, "SELECT id, version, fence FROM {t} ORDER BY n", "applied"
         )
         if rows is not None:
-            (self.out / "sink.json").write_text(json.dumps(rows))
+            (self.out / poller.name / "sink.json").write_text(json.dumps(rows))
 
     def dump_quarantine(self) -> None:
-        """The poller's quarantine records for the checker's (g)."""
-        self.write_quarantine(KEY, self.out / "quarantine.json")
+        """Each poller's quarantine records for the checker's (g)."""
+        for p in self.pollers:
+            self.write_quarantine(p.key, self.out / p.name / "quarantine.json")
 
     def write_quarantine(self, key: afdb.PollerKey, path: Path) -> None:
         """``key``'s quarantine records, as (id, version) of the rows each holds, into ``path``
@@ -624,6 +863,7 @@ class Soak:
         except Exception as exc:  # noqa: BLE001 - reported as a harness failure
             self.harness.append(f"{key.poller}: cannot read the quarantine records: {exc!r}")
             return
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(records))
 
     def read_rows(
@@ -640,8 +880,9 @@ class Soak:
             return None
 
     def write_meta(self) -> None:
+        """The run's ``meta.json`` (naming its pollers) and each poller's own."""
         meta = {
-            "db": "pg",
+            "db": self.DB,
             "seed": self.o.seed,
             "seconds": self.o.seconds,
             "control": self.o.control,
@@ -650,11 +891,21 @@ class Soak:
             "writers": self.o.writers,
             "fault_every": self.o.fault_every,
             "sink": self.o.sink,
+            "delta": self.o.delta,
+            "queue": self.o.queue,
+            "burst": self.o.burst_rows,
+            "without": sorted(self.o.without),
             "checkpoint_every": self.o.checkpoint_every,
             "poll_interval": self.o.poll_interval,
             "table": self.table,
             "writers_stopped": self.writers_stopped,
             "poller_exits": self.poller_exits,
+            "consumer_errors": {n: c.errors for n, c in self.consumers.items()},
             "harness": self.harness,
         }
+        for p in self.pollers:
+            own = {**meta, "table": p.table, "mode": p.mode, "sink": p.sink, "harness": []}
+            (self.out / p.name).mkdir(parents=True, exist_ok=True)
+            (self.out / p.name / "meta.json").write_text(json.dumps(own, indent=2))
+        meta["poller_names"] = [p.name for p in self.pollers]
         (self.out / "meta.json").write_text(json.dumps(meta, indent=2))

@@ -12,6 +12,10 @@ Evidence (``writer-<index>.jsonl``): ``commit`` (after COMMIT returned), ``rollb
 (COMMIT was sent and its answer lost), each with the (id, version) pairs. The writer stops after
 its current transaction when the stop flag file appears or on SIGTERM.
 
+``python -m soak.writer INDEX --burst ROWS`` is the soak's burst: it inserts ROWS new rows
+(ids from ``BURST_IDS`` on) in transactions of ``BURST_BATCH`` rows as fast as the database
+takes them, with the same late commits, rollbacks and evidence, then stops.
+
 Environment: ``SOAK_PG`` (libpq URI), ``SOAK_TABLE``, ``SOAK_EVIDENCE`` (folder),
 ``SOAK_STOP`` (flag file), ``SOAK_SEED``, ``SOAK_WRITERS`` (how many writers share the ids).
 """
@@ -33,6 +37,8 @@ from psycopg import sql
 
 from devkit.evidence import EvidenceLog
 
+#: The burst's first id (above every other writer's) and rows per transaction.
+BURST_IDS, BURST_BATCH = 10**12, 500
 P_ROLLBACK = 0.08
 P_LATE = 0.15
 P_SLOW_COMMIT = 0.2
@@ -143,6 +149,24 @@ class Writer:
         if ending.finish(conn.rollback, conn.commit):
             self.owned.extend(fresh)
 
+    def burst(self, conn: psycopg.Connection[Any], count: int) -> int:
+        """One burst transaction of ``count`` new rows; how many it committed."""
+        first = BURST_IDS + self.next_id
+        self.next_id += count
+        pairs = [[first + n, 1] for n in range(count)]
+        try:
+            with conn.cursor() as cur:
+                cur.executemany(self.insert, [(row, 1, self.index) for row, _ in pairs])
+                cur.executemany(self.history, [(row, 1, False) for row, _ in pairs])
+        except psycopg.Error as exc:
+            self.log.write("aborted", rows=pairs, error=type(exc).__name__)
+            conn.close()
+            return 0
+        committed = Ending(self.log, self.rng, pairs, psycopg.Error, conn.close).finish(
+            conn.rollback, conn.commit
+        )
+        return count if committed else 0
+
     def close(self) -> None:
         if self.conn is not None:
             self.conn.close()
@@ -155,11 +179,14 @@ class Writes(Protocol):
 
     def transaction(self, conn: Any) -> None: ...
 
+    def burst(self, conn: Any, count: int) -> int: ...
+
     def close(self) -> None: ...
 
 
-def run(writer: Writes, index: int, env: Mapping[str, str]) -> int:
-    """Write transactions until the stop flag appears or SIGTERM, then close and log."""
+def run(writer: Writes, index: int, env: Mapping[str, str], burst: int = 0) -> int:
+    """Write transactions until the stop flag appears or SIGTERM (with ``burst``: until that
+    many new rows are written, each attempt of a batch counting once), then close and log."""
     stop_flag = Path(env["SOAK_STOP"])
     stopping = False
 
@@ -168,20 +195,32 @@ def run(writer: Writes, index: int, env: Mapping[str, str]) -> int:
         stopping = True
 
     signal.signal(signal.SIGTERM, on_term)
-    writer.log.write("started", index=index)
-    while not stopping and not stop_flag.exists():
+    writer.log.write("started", index=index, burst=burst)
+    left = burst
+    while not stopping and not stop_flag.exists() and (not burst or left > 0):
         conn = writer.connect()
         if conn is not None:
-            writer.transaction(conn)
+            if burst:
+                writer.burst(conn, min(BURST_BATCH, left))
+                left -= min(BURST_BATCH, left)
+            else:
+                writer.transaction(conn)
     writer.close()
     writer.log.write("stopped", index=index)
     writer.log.close()
     return 0
 
 
-def main(index: int) -> int:
-    return run(Writer(index, os.environ), index, os.environ)
+def arguments(argv: list[str]) -> tuple[int, int]:
+    """``INDEX [--burst ROWS]``: the writer's index and its burst (0: none)."""
+    burst = int(argv[argv.index("--burst") + 1]) if "--burst" in argv else 0
+    return int(argv[0]), burst
+
+
+def main(argv: list[str]) -> int:
+    index, burst = arguments(argv)
+    return run(Writer(index, os.environ), index, os.environ, burst)
 
 
 if __name__ == "__main__":
-    sys.exit(main(int(sys.argv[1])))
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,108 @@
+"""What the soak reads back from its non-SQL sinks: the Delta table's rows (``deltalake``), and
+the queue's messages, taken off Azurite's queue as a consumer would while the soak runs.
+
+The consumer reads the queue directly (not through the fault proxy) and logs each message once
+per message id (``queue.jsonl``: the row's id and version, its ``event_id`` and the message id)
+before deleting it; a message whose delete failed comes back and is not logged again, so the
+duplicates the checker counts are the sink's own (a batch sent again), not the consumer's.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+from devkit.evidence import EvidenceLog
+
+#: Seconds a received message stays invisible (a failed delete shows it again after this).
+VISIBILITY = 20
+
+
+def delta_rows(uri: str) -> list[list[Any]]:
+    """Every (id, version, fence) the Delta table at ``uri`` holds, in no particular order."""
+    import deltalake
+
+    table = deltalake.DeltaTable(uri).to_pyarrow_table(columns=["id", "version", "fence"])
+    return [list(row.values()) for row in table.to_pylist()]
+
+
+class QueueConsumer:
+    """A thread that empties one queue into an evidence log (see the module's docstring)."""
+
+    def __init__(self, connection_string: str, queue: str, log: Path) -> None:
+        from azure.storage.blob import ExponentialRetry
+        from azure.storage.queue import QueueClient
+
+        self.client = QueueClient.from_connection_string(
+            connection_string,
+            queue,
+            connection_timeout=2,
+            read_timeout=5,
+            retry_policy=ExponentialRetry(retry_total=0),
+        )
+        self.log = EvidenceLog(log)
+        self.seen: set[str] = set()
+        self.errors = 0
+        self.idle = threading.Event()  # the last receive found the queue empty
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="soak-queue", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def drained(self, quiet: float = 3.0) -> bool:
+        """Whether the queue is empty now: two receives ``quiet`` seconds apart found nothing
+        (and no message is invisible after a failed delete, which the count includes)."""
+        self.idle.clear()
+        if not self.idle.wait(quiet) or self._stop.is_set():
+            return False
+        try:
+            count = self.client.get_queue_properties().approximate_message_count
+        except Exception:  # noqa: BLE001 - not drained as far as we know
+            return False
+        return count == 0
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                messages = list(
+                    self.client.receive_messages(
+                        messages_per_page=32, max_messages=32, visibility_timeout=VISIBILITY
+                    )
+                )
+            except Exception as exc:  # noqa: BLE001 - Azurite paused, restarting, no queue yet
+                self.errors += 1
+                if "QueueNotFound" not in str(exc):
+                    self.log.write("receive_failed", error=type(exc).__name__)
+                self._stop.wait(0.5)
+                continue
+            if not messages:
+                self.idle.set()
+                self._stop.wait(0.2)
+                continue
+            for message in messages:
+                self._take(message)
+
+    def _take(self, message: Any) -> None:
+        if message.id not in self.seen:
+            body = json.loads(base64.b64decode(message.content))
+            data = body["data"]
+            self.log.write(
+                "message",
+                row=[data["id"], data["version"]],
+                event_id=body["event_id"],
+                message=message.id,
+            )
+            self.seen.add(message.id)
+        try:
+            self.client.delete_message(message)
+        except Exception as exc:  # noqa: BLE001 - it comes back after VISIBILITY; logged once
+            self.errors += 1
+            self.log.write("delete_failed", message=message.id, error=type(exc).__name__)
