@@ -25,7 +25,7 @@ SECONDS ?= 90
 SEED    ?= random
 DB      ?= both
 
-.PHONY: help demo test soak lint format bench azurite wheel debian-packages clean
+.PHONY: help demo test soak soak-long lint format bench azurite wheel debian-packages clean
 
 help: ## Show the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -59,6 +59,9 @@ test: debian-packages $(STAMP) $(AZURITE_STAMP) ## Run the whole test suite (Blo
 
 soak: debian-packages $(STAMP) $(AZURITE_STAMP) ## Chaos soak on PostgreSQL and MariaDB + Azurite (DB=both SECONDS=90 SEED=random)
 	$(BIN)/python -m soak --db $(DB) --seconds $(SECONDS) --seed $(SEED)
+
+soak-long: ## The two-hour chaos soak on PostgreSQL, all three sinks (about 1,800 faults; SEED=random)
+	$(MAKE) soak SECONDS=7200 DB=pg SEED=$(SEED)
 
 lint: $(STAMP) ## ruff (lint + format check) and mypy --strict
 	$(BIN)/ruff check .

@@ -389,3 +389,76 @@ def test_a_soak_of_several_pollers_is_judged_per_poller(tmp_path: Path) -> None:
     assert report.committed == 4
     assert report.faults == {"terminate_pollers": 1}
     assert any(v.startswith("(a)") for v in report.violations)
+
+
+def test_a_duplicate_in_the_delta_table_fails_the_run(ev: Evidence) -> None:
+    """The DeltaSink poller's table, read back by the driver's own code: a version written
+    twice is a violation of (f), a version it lacks too."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from soak.readback import delta_rows
+
+    ev.deliver(2.5, 1, (1, 3), (2, 2))
+
+    def table(rows: list[tuple[int, int]], name: str) -> str:
+        uri = str(ev.root / name)
+        columns = {
+            "id": [r for r, _ in rows],
+            "version": [v for _, v in rows],
+            "fence": [1] * len(rows),
+            "pid": [1] * len(rows),
+        }
+        write_deltalake(uri, pa.table({k: pa.array(v, pa.int64()) for k, v in columns.items()}))
+        return uri
+
+    good = delta_rows(table([(1, 3), (2, 2)], "good"))
+    (ev.root / "sink.json").write_text(json.dumps(good))
+    assert ev.judge().violations == []
+    twice = delta_rows(table([(1, 3), (2, 2), (2, 2)], "twice"))
+    (ev.root / "sink.json").write_text(json.dumps(twice))
+    report = ev.judge()
+    assert (report.sink_duplicates, report.sink_duplicate_examples) == (1, [(2, 2)])
+    assert any(v.startswith("(f)") for v in report.violations)
+    short = delta_rows(table([(2, 2)], "short"))
+    (ev.root / "sink.json").write_text(json.dumps(short))
+    assert ev.judge().sink_missing_examples == [(1, 1), (1, 3)]
+
+
+def _messages(ev: Evidence, *messages: tuple[int, int, str, str]) -> None:
+    _lines(
+        ev.root / "queue.jsonl",
+        [
+            {"ev": "message", "t": 3.0, "row": [row, version], "event_id": eid, "message": mid}
+            for row, version, eid, mid in messages
+        ],
+    )
+
+
+def test_the_queue_must_carry_every_version_once_or_more_under_one_event_id(
+    ev: Evidence,
+) -> None:
+    ev.deliver(2.5, 1, (1, 3), (2, 2))
+    # (1, 1) is superseded by (1, 3); (2, 2) sent twice (a batch sent again): reported only.
+    _messages(ev, (1, 3, "e13", "m1"), (2, 2, "e22", "m2"), (2, 2, "e22", "m3"))
+    sent_again = ev.judge()
+    assert sent_again.violations == []
+    assert (sent_again.queue_messages, sent_again.queue_duplicates) == (3, 1)
+    _messages(ev, (2, 2, "e22", "m2"))
+    lost = ev.judge()
+    assert (lost.queue_missing, lost.queue_missing_examples) == (2, [(1, 1), (1, 3)])
+    assert any(v.startswith("(h)") for v in lost.violations)
+    assert "QueueSink" in lost.markdown("make soak")
+    _messages(ev, (1, 3, "e13", "m1"), (2, 2, "e22", "m2"), (2, 2, "other", "m3"))
+    assert ev.judge().queue_bad_ids == 1  # one version under two event ids
+    _messages(ev, (1, 3, "same", "m1"), (2, 2, "same", "m2"))
+    shared = ev.judge()
+    assert shared.queue_bad_ids == 1  # one event id naming two versions
+    assert any("event_id" in v for v in shared.violations)
+
+
+def test_a_fault_kind_left_out_is_never_scheduled() -> None:
+    faults = schedule(3, 600, 4.0, frozenset({"refuse_db", "pause_azurite_long"}))
+    kinds = {f.kind for f in faults}
+    assert kinds == set(KINDS) - {"refuse_db", "pause_azurite_long"}
+    assert schedule(3, 600, 4.0) == schedule(3, 600, 4.0)

@@ -13,6 +13,7 @@ import socketserver
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -299,3 +300,72 @@ def test_the_connection_string_helper_can_put_its_proxies_in_child_processes(
         assert _round_trip(proxy_port) >= 2 * DELAY
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", proxy_port), timeout=5).close()
+
+
+def test_a_running_proxys_delay_changes_for_what_it_reads_next(echo: tuple[str, int]) -> None:
+    with LatencyProxy(*echo, delay=0) as proxy, socket.create_connection(proxy.address) as sock:
+        sock.sendall(b"a")
+        assert _recv_exactly(sock, 1) == b"a"
+        proxy.delay = DELAY
+        started = time.monotonic()
+        sock.sendall(b"b")
+        assert _recv_exactly(sock, 1) == b"b"
+        assert time.monotonic() - started >= 2 * DELAY  # the open connection is slow now too
+
+
+def test_a_dropping_proxy_lets_the_request_land_and_loses_the_answer(
+    echo: tuple[str, int],
+) -> None:
+    """What a client meets when a connection breaks mid-request: the server got the bytes
+    (the echo answered), the client never hears the answer."""
+    with LatencyProxy(*echo, delay=0) as proxy:
+        proxy.dropping = True
+        with socket.create_connection(proxy.address, timeout=5) as sock:
+            sock.sendall(b"lost\n")
+            assert _recv_or_reset(sock) == b""
+        proxy.dropping = False
+        assert _round_trip(proxy.port) < 6 * DELAY  # and it forwards again
+
+
+def test_a_refusing_proxy_resets_new_connections_and_keeps_open_ones(
+    echo: tuple[str, int],
+) -> None:
+    with LatencyProxy(*echo, delay=0) as proxy, socket.create_connection(proxy.address) as kept:
+        kept.sendall(b"1")
+        assert _recv_exactly(kept, 1) == b"1"
+        proxy.refusing = True
+        with socket.create_connection(proxy.address, timeout=5) as refused:
+            refused.sendall(b"x")
+            assert _recv_or_reset(refused) == b""
+        kept.sendall(b"2")
+        assert _recv_exactly(kept, 1) == b"2"  # an open connection goes on
+        assert proxy.abort_all() == 1
+        assert _recv_or_reset(kept) == b""
+        proxy.refusing = False
+        assert _round_trip(proxy.port) < 6 * DELAY
+
+
+def test_the_soaks_fault_proxies_obey_the_driver(echo: tuple[str, int], tmp_path: Any) -> None:
+    """``soak.proxy``: one child process, several named proxies, switched by commands."""
+    from soak.proxy import FaultProxies
+
+    proxies = FaultProxies({"a": echo, "b": echo}, tmp_path / "proxy.log")
+    try:
+        assert set(proxies.ports) == {"a", "b"}
+        assert _round_trip(proxies.ports["a"]) < 6 * DELAY
+        proxies.send("a", "delay", str(DELAY))
+        deadline = time.monotonic() + 5
+        while _round_trip(proxies.ports["a"]) < 2 * DELAY:  # the command is asynchronous
+            assert time.monotonic() < deadline, "the delay never took effect"
+        assert _round_trip(proxies.ports["b"]) < 2 * DELAY  # only the named proxy
+        proxies.send("b", "refuse", "1")
+        deadline = time.monotonic() + 5
+        while True:
+            with socket.create_connection(("127.0.0.1", proxies.ports["b"]), timeout=5) as s:
+                s.sendall(b"x")
+                if _recv_or_reset(s) == b"":
+                    break
+            assert time.monotonic() < deadline, "the refusal never took effect"
+    finally:
+        proxies.close()
+    assert "b: refuse 1" in (tmp_path / "proxy.log").read_text()
