@@ -462,3 +462,26 @@ def test_a_fault_kind_left_out_is_never_scheduled() -> None:
     kinds = {f.kind for f in faults}
     assert kinds == set(KINDS) - {"refuse_db", "pause_azurite_long"}
     assert schedule(3, 600, 4.0) == schedule(3, 600, 4.0)
+
+
+def test_a_handler_that_outlived_its_lease_is_caught_if_its_writes_land(ev: Evidence) -> None:
+    """``overrun_handler``: a call under fence 1 sleeps past its budget and lease; fence 2
+    delivers the same rows. The call began before fence 2 existed, so it is not a stale call;
+    what guards the run is that its late sink write and its late checkpoint commit must be
+    refused: if they landed, the sink holds the rows twice (f) and the checkpoint's fence goes
+    back (b)."""
+    ev.events.append({"ev": "start", "t": 2.0, "fence": 1})
+    ev.events.append({"ev": "overrun", "t": 2.0, "fence": 1, "seconds": 48})
+    ev.grant(20.0, 2)
+    ev.deliver(20.5, 2, (1, 3), (2, 2))
+    ev.sample(21.0, 2, 2, [T0, 2])
+    (ev.root / "sink.json").write_text(json.dumps([[1, 3, 2], [2, 2, 2]]))
+    refused = ev.judge()
+    assert refused.violations == []
+    assert refused.overruns == 1
+    assert refused.stale_calls == 0
+    (ev.root / "sink.json").write_text(json.dumps([[1, 3, 2], [2, 2, 2], [1, 3, 1], [2, 2, 1]]))
+    ev.sample(50.5, 1, 2, [T0, 2])  # the stale owner's checkpoint commit landed too
+    landed = ev.judge()
+    assert landed.sink_duplicates == 2
+    assert any("checkpoint fence 2 -> 1" in r for r in landed.regressions)
