@@ -3,7 +3,9 @@
 A queue has no transaction to carry the poller's position, so this sink is **at-least-once**:
 the handler sends, then the checkpoint commits; a batch whose commit does not land is sent
 again. Every message carries the change's ``event_id``, the same for every delivery of a row
-version, which is the consumer's dedup key. See ``docs/sinks.md``.
+version, which is the consumer's dedup key. A batch's messages are sent ``concurrency`` at a
+time (a queue keeps no order anyway; each message carries its position). See
+``docs/sinks.md``.
 
 Message body (JSON; base64-encoded on the queue unless ``message_encoding="none"``, matching
 the Functions host's queue trigger default)::
@@ -25,6 +27,7 @@ import os
 import threading
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from decimal import Decimal
 from typing import Any, Literal
@@ -33,6 +36,9 @@ from azure_functions_db.core.batch import Change
 from azure_functions_db.errors import ConfigurationError, SinkError, TransientSinkError
 
 _QUEUE_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789-")
+#: Messages in flight at once, by default and at most (the storage client's connection pool
+#: keeps 10 connections; more threads would open and drop one per request).
+DEFAULT_CONCURRENCY, MAX_CONCURRENCY = 8, 10
 
 
 def message_body(change: Change) -> str:
@@ -69,6 +75,9 @@ class QueueSink:
             ``__accountName`` with a managed identity (role *Storage Queue Data Message
             Sender*).
         message_encoding: ``"base64"`` (the Functions queue trigger's default) or ``"none"``.
+        concurrency: Messages in flight at once (1-10, default 8): one request per message,
+            so at Azure's 10-30 ms a request, 8 at a time send some 300-800 messages a second
+            where one at a time sends 30-100. ``1`` sends them one by one, in the batch's order.
     """
 
     def __init__(
@@ -77,6 +86,7 @@ class QueueSink:
         *,
         connection: str = "AzureWebJobsStorage",
         message_encoding: Literal["base64", "none"] = "base64",
+        concurrency: int = DEFAULT_CONCURRENCY,
     ) -> None:
         if (
             not isinstance(queue, str)
@@ -96,32 +106,79 @@ class QueueSink:
                 f'`message_encoding={message_encoding!r}` must be `"base64"` (what a '
                 'Functions queue trigger reads by default) or `"none"`.'
             )
+        if (
+            not isinstance(concurrency, int)
+            or isinstance(concurrency, bool)
+            or not 1 <= concurrency <= MAX_CONCURRENCY
+        ):
+            raise ConfigurationError(
+                f"`concurrency={concurrency!r}` must be a whole number from 1 to "
+                f"{MAX_CONCURRENCY}: the messages a batch keeps in flight at once (default "
+                f"{DEFAULT_CONCURRENCY}; 1 sends them one by one, in order)."
+            )
         self.queue = queue
         self.connection = connection
         self.message_encoding = message_encoding
+        self.concurrency = concurrency
         self._client: Any = None
+        self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"QueueSink(queue={self.queue!r}, connection={self.connection!r})"
 
     def send(self, changes: Iterable[Change], settings: Mapping[str, str] | None = None) -> int:
-        """Send one message per change, in order; the number sent. Raises ``SinkError``
-        (``TransientSinkError`` for what a retry may fix): the batch then fails and is
-        delivered again, with the same ``event_id`` in every message."""
+        """Send one message per change, ``concurrency`` at a time; the number sent. Every
+        message is built before the first is sent (a value JSON cannot hold fails the batch
+        with nothing sent). Raises ``SinkError`` (``TransientSinkError`` for what a retry may
+        fix) once the messages in flight have finished, sending no more after a failure: the
+        batch then fails and is delivered again, with the same ``event_id`` in every message."""
         client = self._queue(os.environ if settings is None else settings)
-        count = 0
-        for change in changes:
-            with self._errors("send a message to"):
-                try:
-                    client.send_message(message_body(change))
-                except Exception as exc:
-                    if _code(exc) != "QueueNotFound":
-                        raise
-                    self._create_queue(client)
-                    client.send_message(message_body(change))
-            count += 1
-        return count
+        bodies = [message_body(change) for change in changes]
+        if self.concurrency == 1 or len(bodies) <= 1:
+            for body in bodies:
+                self._send_one(client, body)
+            return len(bodies)
+        failed = threading.Event()
+
+        def one(body: str) -> bool:
+            if failed.is_set():
+                return False
+            try:
+                self._send_one(client, body)
+            except BaseException:
+                failed.set()
+                raise
+            return True
+
+        futures: list[Future[bool]] = [self._executor().submit(one, body) for body in bodies]
+        sent, error = 0, None
+        for future in futures:
+            try:
+                sent += future.result()
+            except BaseException as exc:  # noqa: BLE001 - the first one is raised below
+                error = error or exc
+        if error is not None:
+            raise error
+        return sent
+
+    def _send_one(self, client: Any, body: str) -> None:
+        with self._errors("send a message to"):
+            try:
+                client.send_message(body)
+            except Exception as exc:
+                if _code(exc) != "QueueNotFound":
+                    raise
+                self._create_queue(client)
+                client.send_message(body)
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    max_workers=self.concurrency, thread_name_prefix=f"afdb-queue-{self.queue}"
+                )
+            return self._pool
 
     @staticmethod
     def _create_queue(client: Any) -> None:
@@ -134,6 +191,9 @@ class QueueSink:
     def close(self) -> None:
         with self._lock:
             client, self._client = self._client, None
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
         if client is not None:
             client.close()
 

@@ -72,13 +72,13 @@ def test_a_poller_sends_one_message_per_change_and_a_failed_batch_again(
         engine.run(settings)
     engine.run(settings)
     bodies = received(azurite, queue_name)
-    ids = [b["data"]["id"] for b in bodies]
-    assert ids == [1, 2, 3, 1, 2, 3, 4, 5]  # the failed batch again: at-least-once
+    ids = sorted(b["data"]["id"] for b in bodies)
+    assert ids == [1, 1, 2, 2, 3, 3, 4, 5]  # the failed batch again: at-least-once
     by_row: dict[int, set[str]] = {}
     for body in bodies:
         by_row.setdefault(body["data"]["id"], set()).add(body["event_id"])
     assert all(len(events) == 1 for events in by_row.values())  # the dedup key is stable
-    first = bodies[0]
+    first = next(b for b in bodies if b["data"]["id"] == 1)
     assert first["poller"] == "orders"
     assert first["op"] == "upsert"
     assert first["data"]["at"] == "2026-01-01T12:01:00+00:00"
@@ -111,6 +111,9 @@ def test_unencoded_messages_are_plain_json(azurite: Azurite, queue_name: str) ->
         ({"queue": "Orders"}, "`queue='Orders'` is not a valid queue name"),
         ({"queue": "a--b"}, "single hyphens"),
         ({"queue": "orders", "message_encoding": "utf8"}, "`message_encoding='utf8'`"),
+        ({"queue": "orders", "concurrency": 0}, "`concurrency=0` must be a whole number from 1"),
+        ({"queue": "orders", "concurrency": 11}, "from 1 to 10"),
+        ({"queue": "orders", "concurrency": 2.5}, "`concurrency=2.5`"),
     ],
 )
 def test_bad_options_name_the_value_and_the_fix(options: dict[str, Any], message: str) -> None:
@@ -149,3 +152,97 @@ def test_senders_racing_to_create_the_queue_all_send(azurite: Azurite, queue_nam
         t.join(60)
     assert errors == []
     assert sorted(b["data"]["id"] for b in received(azurite, queue_name)) == list(range(8))
+
+
+def _changes(count: int) -> list[Change]:
+    return [Change({"id": i}, Position((i,), (i,)), "orders") for i in range(count)]
+
+
+def test_a_batch_is_sent_several_messages_at_a_time_and_one_by_one_in_order(
+    azurite: Azurite, queue_name: str
+) -> None:
+    """Against Azurite behind a proxy that adds 20 ms a round trip: the default keeps several
+    messages in flight at once (every one arrives, once); ``concurrency=1`` sends the batch's
+    messages one by one, in order."""
+    import threading
+
+    from devkit.latency_proxy import proxied_connection_string
+
+    with proxied_connection_string(azurite.connection_string, 0.01) as slow:
+        settings = {"AzureWebJobsStorage": slow}
+        sink = QueueSink(queue_name)
+        in_flight, most = 0, 0
+        lock = threading.Lock()
+        send_one = sink._send_one
+
+        def counting(client: Any, body: str) -> None:
+            nonlocal in_flight, most
+            with lock:
+                in_flight += 1
+                most = max(most, in_flight)
+            try:
+                send_one(client, body)
+            finally:
+                with lock:
+                    in_flight -= 1
+
+        sink._send_one = counting  # type: ignore[method-assign]
+        assert sink.send(_changes(40), settings) == 40
+        sink.close()
+        assert most > 1
+        assert sorted(b["data"]["id"] for b in received(azurite, queue_name)) == list(range(40))
+        ordered = QueueSink(queue_name, concurrency=1)
+        assert ordered.send(_changes(10), settings) == 10
+        ordered.close()
+    assert [b["data"]["id"] for b in received(azurite, queue_name)] == list(range(10))
+
+
+class _FailingClient:
+    """A queue client whose third message fails (a storage error with HTTP 503)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.sent: list[str] = []
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def send_message(self, body: str) -> None:
+        from azure.core.exceptions import HttpResponseError
+
+        with self._lock:
+            self.calls += 1
+            call = self.calls
+        if call == 3:
+            error = HttpResponseError(message="server busy")
+            error.status_code = 503
+            raise error
+        with self._lock:
+            self.sent.append(body)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_a_failed_message_fails_the_batch_and_stops_the_rest(concurrency: int) -> None:
+    from azure_functions_db.errors import TransientSinkError
+
+    sink = QueueSink("orders-out", concurrency=concurrency)
+    client = _FailingClient()
+    sink._client = client
+    with pytest.raises(TransientSinkError, match="HTTP 503"):
+        sink.send(_changes(50), {})
+    # The messages already in flight finish; none is started after the failure.
+    assert 2 <= len(client.sent) <= 2 + concurrency
+    sink.close()
+
+
+def test_a_value_json_cannot_hold_fails_the_batch_before_anything_is_sent() -> None:
+    sink = QueueSink("orders-out")
+    client = _FailingClient()
+    sink._client = client
+    bad = [*_changes(3), Change({"id": object()}, Position((9,), (9,)), "orders")]
+    with pytest.raises(TypeError, match="cannot go into a queue message"):
+        sink.send(bad, {})
+    assert client.calls == 0
