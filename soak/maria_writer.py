@@ -29,7 +29,7 @@ from typing import Any
 import pymysql
 
 from devkit.evidence import EvidenceLog
-from soak.writer import Ending, arguments, run
+from soak.writer import Ending, arguments, burst_keeps, run
 
 LETTERS = "aBcDeFgH"
 
@@ -114,11 +114,11 @@ class MariaWriter:
     def burst(self, conn: pymysql.connections.Connection[Any], count: int) -> int:
         """One burst transaction of ``count`` new rows over the tables; how many committed."""
         rows: list[tuple[str, str]] = []
-        for _ in range(count):
+        while len(rows) < count:
             self.next_id += 1
-            rows.append(
-                (self.rng.choice(self.tables), f"Zb{self.next_id}-{'xY'[self.next_id % 2]}")
-            )
+            row = f"Zb{self.next_id}-{'xY'[self.next_id % 2]}"
+            if burst_keeps(row, self.next_id):
+                rows.append((self.rng.choice(self.tables), row))
         changes = [[table, row, 1] for table, row in rows]
         try:
             with conn.cursor() as cur:

@@ -106,6 +106,8 @@ SKEW_SECONDS = 30
 SKEWED = Path(__file__).resolve().parent / "skewed"
 #: ``overrun_handler``: past the time budget (30 s) and the lease, by 3 s.
 OVERRUN_SECONDS = 30 + LEASE + 3
+#: The drain's limit, however steady its progress.
+DRAIN_LIMIT = 1800.0
 #: The burst: its default size (100 rows a second of soak, at most 200,000), when it starts.
 BURST_PER_SECOND, BURST_MAX, BURST_AT = 100, 200_000, 0.4
 
@@ -148,7 +150,7 @@ class Options:
     pollers: int = 2  # processes per poller, competing for its lease
     writers: int = 4
     fault_every: float = 4.0
-    drain_timeout: float = 150.0
+    drain_timeout: float = 150.0  # the drain fails after this long without progress
     pg: str = DEFAULT_PG
     sink: bool = True  # False: no SqlSink, so the next handler runs while a commit is in flight
     checkpoint_every: int | None = None  # without a sink: coalesced commits
@@ -765,7 +767,9 @@ class Soak:
     def drain(self) -> None:
         """Stop the writers, undo every fault, and wait until every poller's checkpoint stands
         at its table's last row (the database decides: no row after it is left) and every
-        queue is empty."""
+        queue is empty: for as long as the rows left keep going down (a burst under faults
+        can leave a long backlog), failing after ``drain_timeout`` seconds without progress or
+        :data:`DRAIN_LIMIT` in all."""
         self.run_follow_ups(everything=True)
         self.azurite.ensure_running()
         (self.out / "stop-writers.flag").touch()
@@ -779,17 +783,32 @@ class Soak:
         self.writers_stopped = self.elapsed()
         (self.out / "drain.flag").touch()
         print("soak: writers stopped; draining", flush=True)
-        deadline = time.monotonic() + self.o.drain_timeout
-        while time.monotonic() < deadline:
+        began = time.monotonic()
+        best, last_progress, last_note = self.backlog(), began, began
+        while True:
             self.watch_pollers()
-            if self.backlog() == 0 and all(c.drained() for c in self.consumers.values()):
+            left = self.backlog()
+            if left == 0 and all(c.drained() for c in self.consumers.values()):
                 self.faults.write("drained", at=round(self.elapsed(), 3))
                 return
+            now = time.monotonic()
+            if left < best:
+                best, last_progress = left, now
+            if now - last_note >= 15:
+                last_note = now
+                print(f"soak: draining, {left} row(s) after the checkpoints", flush=True)
+            stuck = now - last_progress > self.o.drain_timeout
+            if stuck or now - began > DRAIN_LIMIT:
+                break
             time.sleep(0.5)
+        why = (
+            f"no progress for {self.o.drain_timeout:.0f} s"
+            if stuck
+            else f"not done within {DRAIN_LIMIT / 60:.0f} minutes"
+        )
         self.harness.append(
-            f"the drain did not reach the table's last row within {self.o.drain_timeout:.0f} s "
-            f"({self.backlog()} row(s) after the checkpoints, queue drained: "
-            f"{all(c.drained() for c in self.consumers.values())})"
+            f"the drain did not reach the table's last row ({why}; {self.backlog()} row(s) after "
+            f"the checkpoints, queue drained: {all(c.drained() for c in self.consumers.values())})"
         )
 
     def backlog(self) -> int:
