@@ -62,6 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "validate": _validate,
             "backfill": _backfill,
             "quarantine": _quarantine,
+            "migrate": _migrate,
         }[args.command]
         if args.command != "demo":
             args.app_settings = export_settings(
@@ -403,6 +404,28 @@ def _seek(args: argparse.Namespace, console: Console) -> int:
             f"{result.from_position or '(beginning)'} to {result.to_position or '(beginning)'} "
             f"under fence {result.fence}, by {result.by}"
         )
+    return EXIT_OK
+
+
+def _migrate(args: argparse.Namespace, console: Console) -> int:
+    from azure_functions_db.ops.migrate_mysql import Request, take_over
+
+    (definition,) = _select(args, [args.poller])
+    request = Request(
+        function=args.function,
+        site=args.site,
+        function_id=args.function_id,
+        leases_table=args.leases_table,
+        overlap=args.overlap,
+        wait=args.wait,
+        dry_run=args.dry_run,
+    )
+    found = take_over(definition, _settings(args), request)
+    if args.json:
+        sys.stdout.write(json.dumps(found.to_json(), indent=2, default=str) + "\n")
+        return EXIT_OK
+    for line in found.lines():
+        console.print(line)
     return EXIT_OK
 
 

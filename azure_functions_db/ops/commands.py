@@ -91,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_quarantine(add, common)
 
+    _add_migrate(add, common)
+
     backfill = add("backfill", "replay a poller's history on Spark, then hand off to live polling")
     backfill.add_argument("app")
     backfill.add_argument("--poller", required=True)
@@ -135,3 +137,47 @@ def _add_quarantine(
             action.add_argument("--again", action="store_true", help="replay a replayed record")
             action.add_argument("--lossy-ok", action="store_true", help="values kept as text too")
         action.add_argument("--json", action="store_true", help="stable JSON output for scripts")
+
+
+def _add_migrate(
+    add: Callable[[str, str], argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    migrate = add("migrate", "take over from another trigger where it stopped")
+    sources = migrate.add_subparsers(dest="action", required=True, metavar="FROM")
+    mysql = sources.add_parser(
+        "mysql-trigger",
+        help="from Azure's MySQL trigger: create the poller's checkpoint where its function "
+        "stopped (docs/migrate-from-mysql-trigger.md)",
+        parents=[common],
+    )
+    mysql.add_argument("app")
+    mysql.add_argument("--poller", required=True)
+    mysql.add_argument("--function", help="the trigger's function name (with --site)")
+    mysql.add_argument(
+        "--site", help="the WEBSITE_SITE_NAME of the app that ran the trigger (default: setting)"
+    )
+    mysql.add_argument(
+        "--function-id",
+        "--global-state-row",
+        dest="function_id",
+        help="the trigger's UserFunctionID in az_func_mysql.GlobalState (instead of --function)",
+    )
+    mysql.add_argument("--leases-table", help="the leases table the binding named, if it did")
+    mysql.add_argument(
+        "--overlap",
+        type=float,
+        default=60.0,
+        help="seconds before the trigger's LastPolledTime whose rows come again (default 60)",
+    )
+    mysql.add_argument(
+        "--wait",
+        type=float,
+        default=60.0,
+        help="seconds to wait for transactions already open to end (default 60)",
+    )
+    mysql.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="show the position and what comes again, write nothing",
+    )
+    mysql.add_argument("--json", action="store_true", help="stable JSON output for scripts")

@@ -1,0 +1,271 @@
+"""``afdb migrate mysql-trigger`` on the real MariaDB: the trigger's state (its exact DDL, in
+``az_func_mysql``) read in the server's default zone, the checkpoint created where nothing can
+have been skipped (the last polled second, unfinished and given-up rows, open transactions),
+what comes again named, create-only, and the trigger's state left as it was.
+
+Each test uses its own database (so its own ``UserTableID``) and drops only its own rows and
+leases table in ``az_func_mysql``, which other tests and a real trigger may share.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from azure_functions_db.core.batch import Batch
+from azure_functions_db.core.config import PollerConfig
+from azure_functions_db.errors import ConfigurationError, SourceError
+from azure_functions_db.ops.migrate_mysql import (
+    Request,
+    take_over,
+    user_function_id,
+    user_table_id,
+)
+from azure_functions_db.runtime.poller import PollerDefinition
+from azure_functions_db.sources.sqlalchemy import SqlSource
+from azure_functions_db.state.memory import MemoryStateStore
+from tests.support.source_kit import Db
+
+pytestmark = pytest.mark.mysql
+
+SITE, FUNCTION = "contoso-orders", "ProductsTrigger"
+#: The table the trigger's docs describe, with the column they tell users to add.
+PRODUCTS = (
+    "CREATE TABLE Products (ProductId int PRIMARY KEY, Name varchar(100), Cost int, "
+    "az_func_updated_at TIMESTAMP DEFAULT CURRENT_TIMESTAMP ON UPDATE CURRENT_TIMESTAMP)"
+)
+
+
+def test_the_ids_are_the_ones_the_trigger_computes() -> None:
+    """SHA-256 printed as a .NET Guid: its first three groups byte-reversed."""
+    assert user_function_id("mysite", "ProductsTrigger") == "f92fd06339e77528"
+    assert user_table_id("testdb", "Products") == "2a0159833c84fb9f328bb03a18a3b574"
+
+
+class Trigger:
+    """The trigger's state for one function and table, as its listener creates it."""
+
+    def __init__(self, db: Db, site: str = SITE, function: str = FUNCTION) -> None:
+        self.db = db
+        self.database = db.url.rsplit("/", 1)[1]
+        self.fid = user_function_id(site, function)
+        self.tid = user_table_id(self.database, "Products")
+        self.leases = f"az_func_mysql.`Leases_{self.fid}_{self.tid}`"
+
+    def create(self) -> None:
+        with self.db.engine.begin() as conn:
+            conn.exec_driver_sql("CREATE DATABASE IF NOT EXISTS az_func_mysql")
+            conn.exec_driver_sql(
+                "CREATE TABLE IF NOT EXISTS az_func_mysql.GlobalState ( UserFunctionID char(16) "
+                "NOT NULL, UserTableID char(64) NOT NULL, LastPolledTime Datetime NOT NULL "
+                "DEFAULT CURRENT_TIMESTAMP, PRIMARY KEY (UserFunctionID, UserTableID) )"
+            )
+            conn.exec_driver_sql(
+                f"CREATE TABLE IF NOT EXISTS {self.leases} ( ProductId int, "
+                "_az_func_AttemptCount int NOT NULL, _az_func_LeaseExpirationTime datetime, "
+                "_az_func_SyncCompletedTime datetime, PRIMARY KEY (ProductId) )"
+            )
+            conn.exec_driver_sql(
+                "INSERT IGNORE INTO az_func_mysql.GlobalState (UserFunctionID, UserTableID) "
+                f"VALUES ('{self.fid}', '{self.tid}')"
+            )
+
+    def polled_up_to(self, product: int) -> None:
+        """``LastPolledTime`` := that row's stamp, as the trigger writes it (its session is
+        in the server's default zone)."""
+        with self.db.engine.begin() as conn:
+            conn.exec_driver_sql("SET time_zone = @@global.time_zone")
+            conn.exec_driver_sql(
+                "UPDATE az_func_mysql.GlobalState SET LastPolledTime = (SELECT "
+                f"az_func_updated_at FROM Products WHERE ProductId = {product}) "
+                f"WHERE UserFunctionID = '{self.fid}' AND UserTableID = '{self.tid}'"
+            )
+
+    def leased(self, product: int, attempts: int) -> None:
+        with self.db.engine.begin() as conn:
+            conn.exec_driver_sql(
+                f"INSERT INTO {self.leases} VALUES ({product}, {attempts}, "
+                "DATE_ADD(CURRENT_TIMESTAMP, INTERVAL 60 SECOND), NULL)"
+            )
+
+    def state(self) -> list[Any]:
+        with self.db.engine.connect() as conn:
+            rows = conn.exec_driver_sql(
+                "SELECT LastPolledTime FROM az_func_mysql.GlobalState "
+                f"WHERE UserFunctionID = '{self.fid}' AND UserTableID = '{self.tid}'"
+            ).all()
+            leases = conn.exec_driver_sql(f"SELECT * FROM {self.leases} ORDER BY 1").all()
+        return [rows, leases]
+
+    def drop(self) -> None:
+        with self.db.engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {self.leases}")
+            conn.exec_driver_sql(
+                "DELETE FROM az_func_mysql.GlobalState "
+                f"WHERE UserFunctionID = '{self.fid}' AND UserTableID = '{self.tid}'"
+            )
+
+
+@pytest.fixture
+def trigger(maria: Db) -> Iterator[Trigger]:
+    with maria.engine.begin() as conn:
+        conn.exec_driver_sql(PRODUCTS)
+    found = Trigger(maria)
+    found.create()
+    try:
+        yield found
+    finally:
+        found.drop()
+
+
+def _stamp(db: Db, rows: dict[int, str]) -> None:
+    """Products stamped at these times, written from a session in +05:30 (TIMESTAMP keeps
+    the instant; the trigger and the poller read it in their own zones)."""
+    with db.engine.begin() as conn:
+        conn.exec_driver_sql("SET time_zone = '+05:30'")
+        for product, at in rows.items():
+            conn.execute(
+                sa.text("INSERT INTO Products VALUES (:p, :n, 1, :at)"),
+                {"p": product, "n": f"p{product}", "at": at},
+            )
+
+
+def _poller(db: Db, seen: list[int], store: MemoryStateStore) -> PollerDefinition:
+    def handler(batch: Batch) -> None:
+        seen.extend(int(c.pk) for c in batch)
+
+    return PollerDefinition(
+        config=PollerConfig(name="products"),
+        schedule="* * * * * *",
+        source=SqlSource(url=db.url, table="Products", cursor="az_func_updated_at", pk="ProductId"),
+        handler=handler,
+        state=store,
+    )
+
+
+# Wall-clock times in +05:30, one second apart: 10:00:01 .. 10:00:09.
+TIMES = {p: f"2026-03-01 10:00:0{p}" for p in range(1, 10)}
+
+
+def test_the_takeover_starts_at_the_last_polled_second_or_earlier_and_says_what_comes_again(
+    trigger: Trigger,
+) -> None:
+    db = trigger.db
+    _stamp(db, TIMES)
+    _stamp(db, {10: "2026-03-01 10:00:05"})  # same second as 5, after it in key order
+    trigger.polled_up_to(5)  # the trigger finished rows up to 5's second
+    seen: list[int] = []
+    store = MemoryStateStore()
+    definition = _poller(db, seen, store)
+    settings = {"WEBSITE_SITE_NAME": SITE}
+    before = trigger.state()
+
+    exact = Request(function=FUNCTION, overlap=0, dry_run=True)
+    plan = take_over(definition, settings, exact)
+    assert plan.dry_run
+    assert not plan.written
+    assert store.read(definition.config.key) is None  # nothing written
+    assert "LastPolledTime" in plan.start_reason
+    assert plan.again == 2  # 5 and 10, stamped in the last polled second
+    assert sorted(pk[0] for pk in plan.again_examples) == [5, 10]
+    assert plan.unfinished == []
+    assert plan.given_up == []
+    lines = "\n".join(plan.lines())
+    assert "dry run" in lines
+    assert "DROP TABLE az_func_mysql.`Leases_" in lines
+
+    # A row it leased and had not finished (below its LastPolledTime), one it gave up on.
+    # By default a minute before it comes again too: transactions that stamped rows before its
+    # last poll and committed after it (the trigger passed them over).
+    plan = take_over(definition, settings, Request(function=FUNCTION, dry_run=True))
+    assert "60 s overlap" in plan.start_reason
+    assert plan.again == 6  # 1-5 and 10
+
+    trigger.leased(3, attempts=2)
+    trigger.leased(8, attempts=5)
+    plan = take_over(definition, settings, exact)
+    assert "did not finish (key (3,))" in plan.start_reason
+    assert [(r.pk, r.attempts) for r in plan.unfinished] == [((3,), 2)]
+    assert [(r.pk, r.attempts) for r in plan.given_up] == [((8,), 5)]
+    assert plan.again == 4  # 3, 4, 5, 10
+
+    done = take_over(definition, settings, Request(function=FUNCTION, overlap=0))
+    assert done.written
+    assert done.fence is not None
+    definition.engine(settings).run(settings)
+    assert seen == [3, 4, 5, 10, 6, 7, 8, 9]  # from 3 on, in (cursor, key) order; 8 too
+    assert trigger.state()[0] == before[0]  # GlobalState untouched
+
+    with pytest.raises(ConfigurationError, match="already has a checkpoint"):
+        take_over(definition, settings, Request(function=FUNCTION, overlap=0))
+
+
+def test_a_transaction_open_across_the_switch_is_waited_for_and_its_rows_delivered(
+    trigger: Trigger,
+) -> None:
+    """A writer's transaction stamped its row before the trigger's last poll and is still open:
+    the takeover waits until it ends (naming it if it does not), and the row, committed after
+    the trigger's last poll, reaches the handler (the trigger would have passed it over)."""
+    db = trigger.db
+    _stamp(db, {1: "2020-01-01 00:00:01"})
+    late = db.engine.connect()
+    outcome: list[Any] = []
+    seen: list[int] = []
+    definition = _poller(db, seen, MemoryStateStore())
+    try:
+        late.exec_driver_sql("BEGIN")
+        late.exec_driver_sql("INSERT INTO Products (ProductId, Name, Cost) VALUES (2, 'late', 1)")
+        time.sleep(1.1)
+        with db.engine.begin() as conn:
+            conn.exec_driver_sql("INSERT INTO Products (ProductId, Name, Cost) VALUES (3, 'p', 1)")
+        trigger.polled_up_to(3)  # the trigger's last poll: after row 2 was stamped
+        with pytest.raises(SourceError, match=r"still open .*thread \d+.*--wait SECONDS"):
+            take_over(definition, {}, Request(function_id=trigger.fid, wait=1, dry_run=True))
+        waiting = threading.Thread(
+            target=lambda: outcome.append(
+                take_over(definition, {}, Request(function_id=trigger.fid, wait=30))
+            )
+        )
+        waiting.start()
+        time.sleep(1.5)
+        assert not outcome  # still waiting for the transaction
+        late.exec_driver_sql("COMMIT")
+        waiting.join(30)
+    finally:
+        late.close()
+    assert outcome
+    assert outcome[0].written
+    definition.engine({}).run({})
+    assert seen == [2, 3]
+
+
+def test_what_does_not_fit_is_named_with_the_fix(trigger: Trigger, maria: Db) -> None:
+    seen: list[int] = []
+    definition = _poller(maria, seen, MemoryStateStore())
+    with pytest.raises(ConfigurationError, match="--site NAME"):
+        take_over(definition, {}, Request(function=FUNCTION))
+    with pytest.raises(ConfigurationError, match="no row for function"):
+        take_over(definition, {}, Request(function="Other", site=SITE))
+    # Without a name: the table's only row is the one.
+    assert take_over(definition, {}, Request(dry_run=True)).function_id == trigger.fid
+    other = Trigger(maria, function="Second")
+    other.create()
+    try:
+        with pytest.raises(ConfigurationError, match="2 function"):
+            take_over(definition, {}, Request(dry_run=True))
+    finally:
+        other.drop()
+    wrong = PollerDefinition(
+        config=PollerConfig(name="products"),
+        schedule="* * * * * *",
+        source=SqlSource(url=maria.url, table="Products", cursor="Cost", pk="ProductId"),
+        handler=lambda batch: None,
+        state=MemoryStateStore(),
+    )
+    with pytest.raises(ConfigurationError, match='cursor="az_func_updated_at"'):
+        take_over(wrong, {}, Request(function_id=trigger.fid))
