@@ -57,7 +57,7 @@ class PollerBlueprint(func.Blueprint):
         name: str,
         schedule: str,
         source: Source,
-        batch_size: int | str = 1000,
+        batch_size: int | str | None = None,
         state: StateStore | None = None,
         sink: TransactionalSink | None = None,
         namespace: str = "live",
@@ -88,7 +88,10 @@ class PollerBlueprint(func.Blueprint):
             schedule: NCRONTAB with six fields, seconds first (``"*/30 * * * * *"``), or
                 ``"%SETTING%"``.
             source: Where the rows come from, e.g. ``afdb.SqlSource(...)``.
-            batch_size: Rows per handler call. ``batch_size``, ``time_budget``,
+            batch_size: Rows per handler call (default 1000; a poller on MySQL without it reads
+                Azure's MySQL trigger setting ``MySql_Trigger_MaxBatchSize`` if the app has
+                it, and ``poll_interval`` likewise ``MySql_Trigger_PollingIntervalMs``, in
+                milliseconds). ``batch_size``, ``time_budget``,
                 ``max_attempts`` and ``poll_interval`` may also be ``"%NAME%"``: read from the app
                 setting NAME when the poller's first run in a process starts (so an app setting
                 change, which restarts the app, tunes it without a redeploy); a bad value fails
@@ -171,6 +174,9 @@ class PollerBlueprint(func.Blueprint):
             "max_attempts": max_attempts,
             "poll_interval": poll_interval,
         }
+        # Left out: the default, or Azure's MySQL trigger's setting (runtime.knobs.alias_knobs).
+        defaults = frozenset(k for k in ("batch_size", "poll_interval") if given[k] is None)
+        given = {k: v for k, v in given.items() if k not in defaults}
         knobs = knob_settings(given, name)
         # A knob read from a setting is checked when it is read; here it has its default.
         fixed: dict[str, Any] = {k: v for k, v in given.items() if k not in knobs}
@@ -228,6 +234,7 @@ class PollerBlueprint(func.Blueprint):
                 run_on_startup=run_on_startup,
                 use_monitor=use_monitor,
                 knobs=knobs,
+                defaults=defaults,
             )
             self.pollers[name] = definition
             self._function_names[fname] = name

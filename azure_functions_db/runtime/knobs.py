@@ -7,17 +7,34 @@ decorator only checks that such a value is one ``%NAME%`` reference; the setting
 poller's engine is made (its first run in a process), by :func:`resolve_knobs`, which validates
 every knob at once with one pydantic model and raises one error naming each bad setting, its
 value and the allowed range.
+
+Azure's MySQL trigger reads its own app settings; a poller on MySQL/MariaDB that leaves
+``batch_size`` or ``poll_interval`` at its default reads them the same way
+(:data:`MYSQL_TRIGGER_ALIASES`, :func:`alias_knobs`), so an app switching from the trigger keeps
+its settings; the log line ``setting_alias`` names the setting read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt, ValidationError
 
+from azure_functions_db.core.logs import log_event
 from azure_functions_db.core.settings import setting_name, setting_value
 from azure_functions_db.errors import ConfigurationError
+
+logger = logging.getLogger(__name__)
+
+#: Azure's MySQL trigger's app settings that mean one of our knobs, first name first (the
+#: trigger reads ``MySql_Trigger_MaxBatchSize``, then the older ``MySql_Trigger_BatchSize``),
+#: and the factor to our unit (its polling interval is in milliseconds).
+MYSQL_TRIGGER_ALIASES: dict[str, tuple[tuple[str, ...], float]] = {
+    "batch_size": (("MySql_Trigger_MaxBatchSize", "MySql_Trigger_BatchSize"), 1),
+    "poll_interval": (("MySql_Trigger_PollingIntervalMs",), 0.001),
+}
 
 #: The knobs that may name a setting, with the range each allows (for the error).
 KNOBS: dict[str, str] = {
@@ -88,3 +105,40 @@ def resolve_knobs(
             + "."
         ) from None
     return {knob: getattr(knobs, knob) for knob in named}
+
+
+def alias_knobs(
+    defaults: Iterable[str], settings: Mapping[str, str], poller: str
+) -> dict[str, Any]:
+    """The knobs of a MySQL poller left at their defaults (``defaults``) that Azure's MySQL
+    trigger's settings set (:data:`MYSQL_TRIGGER_ALIASES`), ``{knob: value}``, each logged
+    (``setting_alias``). A bad value raises ``ConfigurationError`` naming the setting."""
+    found: dict[str, Any] = {}
+    for knob in defaults:
+        names, factor = MYSQL_TRIGGER_ALIASES.get(knob, ((), 1))
+        name = next((n for n in names if settings.get(n, "").strip()), None)
+        if name is None:
+            continue
+        raw = settings[name].strip()
+        try:
+            number = int(raw)
+            if number < 1:
+                raise ValueError(raw)
+        except ValueError:
+            raise ConfigurationError(
+                f"Poller `{poller}` reads `{knob}` from Azure's MySQL trigger setting `{name}`, "
+                f"which is `{raw}`: use a whole number above 0 (as the trigger does), or set "
+                f"`{knob}=` on the poller."
+            ) from None
+        value = number if factor == 1 else number * factor
+        found[knob] = value
+        log_event(
+            logger,
+            logging.INFO,
+            "setting_alias",
+            poller=poller,
+            knob=knob,
+            setting=name,
+            value=value,
+        )
+    return found

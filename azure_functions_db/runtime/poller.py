@@ -27,7 +27,7 @@ from azure_functions_db.core.settings import setting_name, setting_value
 from azure_functions_db.errors import ConfigurationError
 from azure_functions_db.observers.telemetry import metrics_observer
 from azure_functions_db.observers.tracing import observers, traces_observer
-from azure_functions_db.runtime.knobs import resolve_knobs
+from azure_functions_db.runtime.knobs import alias_knobs, resolve_knobs
 from azure_functions_db.runtime.settings import AppSettings
 
 logger = logging.getLogger(__name__)
@@ -136,6 +136,7 @@ class PollerDefinition:
     use_monitor: bool | None = None
     clock: Clock = field(default_factory=SystemClock)
     knobs: Mapping[str, str] = field(default_factory=dict)  # knob -> setting name
+    defaults: frozenset[str] = frozenset()  # knobs the decorator left at their defaults
     _engine: Engine | None = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
@@ -181,6 +182,8 @@ class PollerDefinition:
         """The configuration with its knobs read from ``settings`` (``batch_size="%NAME%"``
         and the like; see :mod:`azure_functions_db.runtime.knobs`)."""
         values = resolve_knobs(self.knobs, settings, self.name)
+        if self.defaults and _reads_mysql(self.source, settings):
+            values.update(alias_knobs(self.defaults, settings, self.name))
         if not values:
             return self.config
         try:
@@ -207,3 +210,18 @@ class PollerDefinition:
         env = dict(os.environ) if settings is None else settings
         log_event(logger, logging.DEBUG, "run_start", poller=self.name)
         return self.engine(env).run(env, manual=manual)
+
+
+def _reads_mysql(source: Source, settings: Mapping[str, str]) -> bool:
+    """Whether ``source`` is a SQL source on MySQL/MariaDB (its URL as ``settings`` give it),
+    without connecting."""
+    from azure_functions_db.sources import urls
+    from azure_functions_db.sources.sqlalchemy import SqlSource
+
+    if not isinstance(source, SqlSource):
+        return False
+    try:
+        url = urls.resolve_url(source.url_template, settings, "SqlSource")
+    except ConfigurationError:
+        return False  # the URL's setting is missing: opening the source says so
+    return url.get_backend_name() in ("mysql", "mariadb")

@@ -126,7 +126,7 @@ class SqlSource:
         clock: Clock | None = None,
         credential: Any = None,
     ) -> None:
-        self._url_template = urls.url_template(url, connection, "SqlSource")
+        self.url_template = urls.url_template(url, connection, "SqlSource")
         self._credential = None if credential is None else entra.check_credential(credential)
         self._table_name = config.check_name(table, "table")
         self._schema = None if schema is None else config.check_name(schema, "schema")
@@ -159,7 +159,7 @@ class SqlSource:
         self._text_times: list[sqlite_times.TextDateTime] = []
         self._engine: sa.Engine | None = None
         self._query: KeysetQuery | None = None
-        self._masked_url = urls.masked_url(self._url_template)
+        self._masked_url = urls.masked_url(self.url_template)
         self._secrets: tuple[str, ...] = ()
         self._shape = RowShape((), cursor_of=picker([]), pk_of=picker([]))
         self._description: SourceDescription | None = None
@@ -218,7 +218,7 @@ class SqlSource:
         if self._query is not None:
             return
         owner = f"the source of table `{self._qualified}`"
-        url = urls.resolve_url(self._url_template, settings, owner)
+        url = urls.resolve_url(self.url_template, settings, owner)
         self._masked_url = urls.render_masked(url)
         self._secrets = urls.url_secrets(url)
         engine = self._create_engine(url)

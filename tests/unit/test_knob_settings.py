@@ -130,3 +130,58 @@ def test_validate_checks_the_knob_and_schedule_settings(orders, tmp_path):
         poller, {"TUNED_BATCH": "abc", "TUNED_ATTEMPTS": "2", "TUNED_SCHEDULE": "0 * * * * *"}
     )
     assert any("`TUNED_BATCH` is `abc`" in f.message for f in wrong.findings if f.level == "error")
+
+
+def _mysql_poller(**knobs: object) -> afdb.PollerBlueprint:
+    db = afdb.PollerBlueprint()
+
+    @db.poller(
+        name="products",
+        schedule="* * * * * *",
+        source=afdb.SqlSource(
+            url="%MYSQL_DB%", table="Products", cursor="az_func_updated_at", pk="ProductId"
+        ),
+        **knobs,  # type: ignore[arg-type]
+    )
+    def handler(batch: afdb.Batch) -> None:
+        pass
+
+    return db
+
+
+TRIGGER_SETTINGS = {
+    "MYSQL_DB": "mysql+pymysql://app@db.example/shop",
+    "MySql_Trigger_MaxBatchSize": "250",
+    "MySql_Trigger_PollingIntervalMs": "500",
+}
+
+
+def test_a_mysql_poller_reads_the_mysql_triggers_settings_for_what_it_leaves_out(caplog):
+    caplog.set_level("INFO", logger="azure_functions_db.runtime.knobs")
+    config = _mysql_poller().pollers["products"].config_for(TRIGGER_SETTINGS)
+    assert config.batch_size == 250
+    assert config.poll_interval == 0.5  # milliseconds in the trigger's setting
+    logged = [r.getMessage() for r in caplog.records]
+    assert any(
+        "action=setting_alias" in m and "MySql_Trigger_MaxBatchSize" in m for m in logged
+    ), logged
+    # The older name, as the trigger reads it when the newer one is not set.
+    legacy = {"MYSQL_DB": TRIGGER_SETTINGS["MYSQL_DB"], "MySql_Trigger_BatchSize": "40"}
+    assert _mysql_poller().pollers["products"].config_for(legacy).batch_size == 40
+    # What the poller sets itself wins; without the settings, our defaults.
+    mine = _mysql_poller(batch_size=100, poll_interval=2).pollers["products"]
+    assert (mine.config_for(TRIGGER_SETTINGS).batch_size, mine.config.poll_interval) == (100, 2)
+    plain = _mysql_poller().pollers["products"].config_for({"MYSQL_DB": legacy["MYSQL_DB"]})
+    assert (plain.batch_size, plain.poll_interval) == (1000, None)
+
+
+def test_the_mysql_triggers_settings_are_not_read_for_other_databases():
+    postgres = {**TRIGGER_SETTINGS, "MYSQL_DB": "postgresql+psycopg://app@db.example/shop"}
+    config = _mysql_poller().pollers["products"].config_for(postgres)
+    assert (config.batch_size, config.poll_interval) == (1000, None)
+
+
+def test_a_bad_mysql_trigger_setting_is_named():
+    bad = {**TRIGGER_SETTINGS, "MySql_Trigger_PollingIntervalMs": "fast"}
+    with pytest.raises(ConfigurationError, match="`MySql_Trigger_PollingIntervalMs`, which is"):
+        _mysql_poller().pollers["products"].config_for(bad)
