@@ -68,7 +68,12 @@ def _dotnet_guid_hex(text: str) -> str:
 
 def user_function_id(site: str, function: str) -> str:
     """The trigger's ``UserFunctionID`` of ``function`` in the app ``site``
-    (``WEBSITE_SITE_NAME``)."""
+    (``WEBSITE_SITE_NAME``, which the extension refuses to start without)."""
+    if not site:
+        raise ConfigurationError(
+            "The MySQL trigger's function id needs the app's WEBSITE_SITE_NAME (the extension "
+            "refuses to start without it): pass the app's name."
+        )
     return _dotnet_guid_hex(site + function)[:16]
 
 

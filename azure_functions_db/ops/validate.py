@@ -3,13 +3,13 @@
 For every poller: the schedule, the knobs and the ``%SETTING%`` references resolve; the source
 opens (table and columns exist); a checkpoint can hold the cursor and key values, and they find
 their row again; an index supports the keyset query; which horizon method ``auto`` chose and the
-privileges it needs; how many rows have a NULL cursor; and the checkpoint in the poller's state
-store, compared with the current source definition by the rules the engine applies before a run
-(:mod:`azure_functions_db.core.source_change`). Read-only: it opens the source (and closes it
-again), reads the key of the first row, reads the checkpoint, and never takes the lease or
-writes anything. The result is data (:class:`PollerValidation`); the CLI only renders it.
-Levels: ``ok``, ``warning`` (the poller runs, but see the message) and ``error`` (it cannot run,
-or would run wrongly, until fixed).
+privileges it needs; how many rows have a NULL cursor; a table Azure's MySQL trigger watched
+(:mod:`.validate_mysql_trigger`); and the checkpoint in the poller's state store, compared with
+the current source definition by the rules the engine applies (:mod:`..core.source_change`).
+Read-only: it opens the source (and closes it again), reads the key of the first row, reads the
+checkpoint, and never takes the lease or writes anything. The result is data
+(:class:`PollerValidation`); the CLI only renders it. Levels: ``ok``, ``warning`` (the poller
+runs, but see the message) and ``error`` (it cannot run, or would run wrongly, until fixed).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from azure_functions_db.ops.validate_horizon import (
     key_problems,
     lag_refused,
 )
+from azure_functions_db.ops.validate_mysql_trigger import mysql_trigger_findings
 from azure_functions_db.runtime.knobs import resolve_knobs
 from azure_functions_db.runtime.poller import PollerDefinition, resolve_schedule
 from azure_functions_db.sources import SqlSource
@@ -68,8 +69,8 @@ class Finding:
         check: ``schedule``, ``settings``, ``source``, ``key_types`` (a cursor or key column
             whose values a checkpoint cannot hold or the database cannot order or find again;
             reported only when there is a problem), ``index``, ``horizon``, ``null_cursor``,
-            ``source_check`` (other findings of the source's own check), ``sink``, ``state``,
-            ``checkpoint`` or ``source_change``.
+            ``source_check`` (other findings of the source's own check), ``mysql_trigger``,
+            ``sink``, ``state``, ``checkpoint`` or ``source_change``.
         level: ``ok``, ``warning`` or ``error``.
         message: What was found, naming the value and the fix.
         fix: A statement or command that fixes it, when there is one.
@@ -87,11 +88,8 @@ class Finding:
 @dataclass(frozen=True)
 class HorizonInfo:
     """The horizon method in effect after the source opened (``auto`` resolved to a method).
-
     ``detail`` says why the commit-safe method is not used (empty when nothing fell back),
-    without a ``lag=`` fix the source would refuse; ``privileges`` are what the method in effect
-    needs.
-    """
+    without a ``lag=`` fix the source would refuse; ``privileges``: what the method needs."""
 
     method: str
     detail: str
@@ -210,6 +208,8 @@ def validate_poller(
             check.index()
             check.horizon()
             check.source_health()
+            for found in mysql_trigger_findings(definition.source, app, definition.name):
+                check.add("mysql_trigger", *found)
         finally:
             definition.source.close()
     check.sink()

@@ -41,12 +41,6 @@ PRODUCTS = (
 )
 
 
-def test_the_ids_are_the_ones_the_trigger_computes() -> None:
-    """SHA-256 printed as a .NET Guid: its first three groups byte-reversed."""
-    assert user_function_id("mysite", "ProductsTrigger") == "f92fd06339e77528"
-    assert user_table_id("testdb", "Products") == "2a0159833c84fb9f328bb03a18a3b574"
-
-
 class Trigger:
     """The trigger's state for one function and table, as its listener creates it."""
 
@@ -269,3 +263,20 @@ def test_what_does_not_fit_is_named_with_the_fix(trigger: Trigger, maria: Db) ->
     )
     with pytest.raises(ConfigurationError, match='cursor="az_func_updated_at"'):
         take_over(wrong, {}, Request(function_id=trigger.fid))
+
+
+def test_validate_recognises_the_triggers_table_and_its_state(trigger: Trigger) -> None:
+    from azure_functions_db.ops.validate import validate_poller
+
+    definition = _poller(trigger.db, [], MemoryStateStore())
+    found = [f for f in validate_poller(definition, {}, app="app.py").findings]
+    mine = [f for f in found if f.check == "mysql_trigger"]
+    assert [f.level for f in mine] == ["ok", "warning"], found
+    assert "reads it as its cursor" in mine[0].message
+    assert "No schema change is needed" in mine[0].message
+    assert trigger.fid in mine[1].message
+    assert mine[1].fix is not None
+    assert mine[1].fix.startswith("afdb migrate mysql-trigger app.py --poller products")
+    trigger.drop()  # no state left: the table's column alone is reported
+    found = validate_poller(definition, {}, app="app.py").findings
+    assert [f.level for f in found if f.check == "mysql_trigger"] == ["ok"]

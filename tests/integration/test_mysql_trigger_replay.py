@@ -1,6 +1,7 @@
 """The comparison docs/mysql-trigger.md publishes, kept honest: on the MySQL trigger's own
-schema with writers committing late, its re-enacted polling misses final row versions and ours
-misses none (counts, on the real MariaDB; the page's figures come from the benchmark)."""
+schema with writers committing late, the trigger re-enacted with the SQL of its current design
+(``devkit/mysql_trigger.py``) misses final row versions and ours misses none (counts, on the real
+MariaDB; the page's figures come from the benchmark)."""
 
 from __future__ import annotations
 
