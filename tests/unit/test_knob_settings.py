@@ -162,9 +162,9 @@ def test_a_mysql_poller_reads_the_mysql_triggers_settings_for_what_it_leaves_out
     assert config.batch_size == 250
     assert config.poll_interval == 0.5  # milliseconds in the trigger's setting
     logged = [r.getMessage() for r in caplog.records]
-    assert any(
-        "action=setting_alias" in m and "MySql_Trigger_MaxBatchSize" in m for m in logged
-    ), logged
+    assert any("action=setting_alias" in m and "MySql_Trigger_MaxBatchSize" in m for m in logged), (
+        logged
+    )
     # The older name, as the trigger reads it when the newer one is not set.
     legacy = {"MYSQL_DB": TRIGGER_SETTINGS["MYSQL_DB"], "MySql_Trigger_BatchSize": "40"}
     assert _mysql_poller().pollers["products"].config_for(legacy).batch_size == 40
