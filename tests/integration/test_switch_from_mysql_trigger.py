@@ -12,7 +12,6 @@ import random
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
 from typing import Any
 
 import pymysql
@@ -53,7 +52,7 @@ class Writers:
         self.version = 0
         self.lock = threading.Lock()
         self.committed: list[tuple[int, int, float]] = []
-        self.rng = random.Random(7)  # noqa: S311 - a test's writes
+        self.rng = random.Random(7)
 
     def next_version(self) -> int:
         with self.lock:
@@ -94,14 +93,14 @@ class Writers:
 
 
 @pytest.fixture
-def products(maria: Db) -> Iterator[Db]:
+def products(maria: Db) -> Db:
     with maria.engine.begin() as conn:
         conn.exec_driver_sql(
             "CREATE TABLE Products (ProductId int PRIMARY KEY, Name varchar(100), Cost int, "
             "az_func_updated_at TIMESTAMP DEFAULT CURRENT_TIMESTAMP ON UPDATE "
             "CURRENT_TIMESTAMP)"
         )
-    yield maria
+    return maria
 
 
 def test_every_version_committed_after_the_triggers_last_delivery_reaches_the_poller(
@@ -176,9 +175,7 @@ def _scenario(db: Db, trigger: MySqlTrigger) -> None:
     definition = PollerDefinition(
         config=PollerConfig(name="products", batch_size=50),
         schedule="* * * * * *",
-        source=SqlSource(
-            url=db.url, table="Products", cursor="az_func_updated_at", pk="ProductId"
-        ),
+        source=SqlSource(url=db.url, table="Products", cursor="az_func_updated_at", pk="ProductId"),
         handler=handler,
         state=MemoryStateStore(),
     )
