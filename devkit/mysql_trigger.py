@@ -41,7 +41,7 @@ from typing import Any
 
 import pymysql
 
-from azure_functions_db.ops.migrate_mysql import user_function_id, user_table_id
+from azure_functions_db.ops.mysql_trigger_state import user_function_id, user_table_id
 
 logger = logging.getLogger(__name__)
 

@@ -1,48 +1,49 @@
 """``afdb migrate mysql-trigger``: a poller takes over from Azure's MySQL trigger where it stopped.
 
-Azure's MySQL trigger keeps its state in the user's server, in the database ``az_func_mysql``
-(extension commit a28494bf, ``MySqlTriggerListener.cs`` / ``MySqlTableChangeMonitor.cs``):
+What the trigger keeps, and how it is read, is in :mod:`.mysql_trigger_state`. The poller's
+checkpoint is created (never moved: a poller that has one keeps it) at the first row whose
+``az_func_updated_at`` is at or after the earliest of:
 
-- ``GlobalState``: one row per function and table, ``(UserFunctionID, UserTableID)``, whose
-  ``LastPolledTime`` (a ``DATETIME`` in the server's default zone) is the highest
-  ``az_func_updated_at`` of a batch it finished, moved only when nothing below it is unfinished;
-  it delivers rows stamped after it;
-- ``Leases_<UserFunctionID>_<UserTableID>``: the rows it leased, with ``_az_func_AttemptCount``
-  (0 once delivered, 5: given up for good) and ``_az_func_SyncCompletedTime``.
+- ``LastPolledTime`` less an overlap (60 s by default). The rows stamped in the second it last
+  polled come again in any case (a whole-second stamp cannot tell which of them it delivered);
+  the overlap gets the poller the rows of a transaction that stamped them before the trigger's
+  last poll and committed after it, which the trigger passes over, if it was open less long;
+- the stamp of every row its leases table shows unfinished or given up.
 
-The ids are the first 16 bytes of a SHA-256 as .NET prints a ``Guid`` (its first three groups
-byte-reversed): of ``WEBSITE_SITE_NAME`` followed by the function's name (16 hex digits), and of
-`` `database`.`table` `` (32).
-
-The poller's checkpoint is created (never moved: a poller that has one keeps it) at the first
-row whose ``az_func_updated_at`` is at or after the earliest of: ``LastPolledTime`` less an
-overlap (60 s by default; the rows stamped in the second it last polled come again in any case,
-as a whole-second stamp cannot tell which of them it delivered; the overlap gets the poller the
-rows of transactions that stamped them before the trigger's last poll and committed after it,
-which the trigger passes over), and the stamp of every row its leases table shows unfinished or
-given up. It is written once the poller's horizon is past that start: no transaction still
-open may commit a row stamped below it. Everything from there on comes to the handler; what
-comes again is counted and named. Nothing in ``az_func_mysql`` is changed: the statements that
-drop it are printed.
+It is written once the poller's commit-safe horizon is past that start: no transaction still
+open may commit a row stamped below it (without a commit-safe horizon, no takeover). Everything
+from there on comes to the handler; what comes again is counted and named: the rows from the
+start to ``LastPolledTime``, and the rows the trigger delivered after it (its ``LastPolledTime``
+stops behind a row it gave up on while it goes on delivering). Nothing in ``az_func_mysql`` is
+changed: the statements that drop it are printed.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
-import hashlib
 import logging
+import math
 import time
-import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
 
 from azure_functions_db.core.logs import log_event
 from azure_functions_db.core.position import Position
 from azure_functions_db.errors import ConfigurationError, SourceError
+from azure_functions_db.ops import mysql_trigger_state as state
+from azure_functions_db.ops.mysql_trigger_state import (
+    GIVEN_UP,
+    STATE_DATABASE,
+    UPDATED_AT,
+    Row,
+    quoted,
+    user_function_id,
+    user_table_id,
+)
 from azure_functions_db.ops.seek import move_checkpoint, operator_identity
 from azure_functions_db.runtime.poller import PollerDefinition
 from azure_functions_db.sources import values
@@ -50,49 +51,12 @@ from azure_functions_db.sources.sqlalchemy import SqlSource
 
 logger = logging.getLogger(__name__)
 
-STATE_DATABASE = "az_func_mysql"
-UPDATED_AT = "az_func_updated_at"
-#: The trigger gives a row up after this many failed attempts.
-GIVEN_UP = 5
-EXAMPLES = 20
+__all__ = ["Request", "Takeover", "take_over", "user_function_id", "user_table_id"]
+
 #: Seconds before the trigger's ``LastPolledTime`` that come again by default (see ``Request``).
 OVERLAP = 60.0
 #: Seconds the takeover waits at most for older transactions to end, and between readings.
 WAIT, HORIZON_POLL = 60.0, 0.5
-
-
-def _dotnet_guid_hex(text: str) -> str:
-    """The first 16 bytes of SHA-256(UTF-8 ``text``) as .NET's ``Guid.ToString("N")``."""
-    return uuid.UUID(bytes_le=hashlib.sha256(text.encode()).digest()[:16]).hex
-
-
-def user_function_id(site: str, function: str) -> str:
-    """The trigger's ``UserFunctionID`` of ``function`` in the app ``site``
-    (``WEBSITE_SITE_NAME``, which the extension refuses to start without)."""
-    if not site:
-        raise ConfigurationError(
-            "The MySQL trigger's function id needs the app's WEBSITE_SITE_NAME (the extension "
-            "refuses to start without it): pass the app's name."
-        )
-    return _dotnet_guid_hex(site + function)[:16]
-
-
-def _quoted(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
-
-
-def user_table_id(database: str, table: str) -> str:
-    """The trigger's ``UserTableID`` of ``table`` (as the binding names it) in ``database``."""
-    return _dotnet_guid_hex(f"{_quoted(database)}.{_quoted(table)}")
-
-
-@dataclass(frozen=True)
-class Row:
-    """A row of the user's table the trigger's leases table holds."""
-
-    pk: tuple[Any, ...]
-    attempts: int
-    stamped: str  # az_func_updated_at, as the server's default zone shows it
 
 
 @dataclass(frozen=True)
@@ -116,6 +80,15 @@ class Request:
     dry_run: bool = False
     by: str | None = None
 
+    def __post_init__(self) -> None:
+        for name in ("overlap", "wait"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                raise ConfigurationError(
+                    f"`--{name} {value}` must be a number of seconds, 0 or more (default "
+                    f"{OVERLAP if name == 'overlap' else WAIT:g})."
+                )
+
 
 @dataclass
 class Takeover:
@@ -130,8 +103,10 @@ class Takeover:
     last_polled: str  # GlobalState.LastPolledTime as stored (the server's default zone)
     start: Position | None = None
     start_reason: str = ""
-    again: int = 0  # rows stamped from the start to LastPolledTime: the trigger delivered them
+    again: int = 0  # rows stamped from the start to LastPolledTime
     again_examples: list[tuple[Any, ...]] = field(default_factory=list)
+    after: int = 0  # rows after LastPolledTime the trigger delivered (released leases)
+    after_examples: list[tuple[Any, ...]] = field(default_factory=list)
     unfinished: list[Row] = field(default_factory=list)
     given_up: list[Row] = field(default_factory=list)
     existing: Position | None = None
@@ -147,7 +122,7 @@ class Takeover:
         """What drops the trigger's state of this function and table once the poller has
         taken over (the database too when no other trigger keeps state in it)."""
         return [
-            f"DROP TABLE {STATE_DATABASE}.{_quoted(self.leases_table)};",
+            f"DROP TABLE {STATE_DATABASE}.{quoted(self.leases_table)};",
             f"DELETE FROM {STATE_DATABASE}.GlobalState WHERE UserFunctionID = "
             f"'{self.function_id}' AND UserTableID = '{self.table_id}';",
             f"-- when GlobalState is empty: DROP DATABASE {STATE_DATABASE};",
@@ -162,16 +137,32 @@ class Takeover:
         )
         cursor = self.start.cursor[0] if self.start else None
         shown = cursor.isoformat(sep=" ") if isinstance(cursor, dt.datetime) else repr(cursor)
-        more = " ..." if self.again > len(self.again_examples[:5]) else ""
+
+        def keys(count: int, examples: list[tuple[Any, ...]]) -> str:
+            return f"keys {examples[:5]}{' ...' if count > len(examples[:5]) else ''}"
+
         lines = [
             f"{self.poller} ({self.namespace}): taking over from the MySQL trigger's function "
             f"`{self.function_id}` on table `{self.table_id}`",
             f"  the trigger's LastPolledTime: {self.last_polled} ({self.zone})",
             f"  checkpoint {done} in {self.store}: every row with {UPDATED_AT} >= {shown} "
             f"(UTC), because of {self.start_reason}",
-            f"  delivered again: {self.again} row(s) stamped up to the trigger's LastPolledTime "
-            f"(it delivered or leased them), keys {self.again_examples[:5]}{more}",
+            f"  delivered again: {self.again + self.after} row(s): {self.again} stamped from "
+            "there to the trigger's LastPolledTime (it delivered them, but for the unfinished "
+            f"and given-up ones below and late commits it passed over), "
+            f"{keys(self.again, self.again_examples)}",
         ]
+        if self.after:
+            lines.append(
+                f"    and {self.after} it delivered after its LastPolledTime, which stays "
+                f"behind a row it gave up on, {keys(self.after, self.after_examples)}"
+            )
+        live = sum(r.live for r in [*self.unfinished, *self.given_up])
+        if live:
+            lines.append(
+                f"  {live} row(s) still under a live lease: is the trigger's function stopped? "
+                "While it runs it delivers them again."
+            )
         for label, found in (
             ("unfinished in the trigger's leases", self.unfinished),
             ("given up by the trigger after 5 attempts (they come to the handler)", self.given_up),
@@ -186,7 +177,10 @@ class Takeover:
 
     def to_json(self) -> dict[str, Any]:
         def rows(found: Sequence[Row]) -> list[dict[str, Any]]:
-            return [{"pk": list(r.pk), "attempts": r.attempts, "stamped": r.stamped} for r in found]
+            return [
+                {"pk": list(r.pk), "attempts": r.attempts, "stamped": r.stamped, "live": r.live}
+                for r in found
+            ]
 
         return {
             "poller": self.poller,
@@ -198,8 +192,10 @@ class Takeover:
             "last_polled": self.last_polled,
             "start": self.start.to_json() if self.start else None,
             "start_reason": self.start_reason,
-            "delivered_again": self.again,
+            "delivered_again": self.again + self.after,
             "delivered_again_examples": [list(pk) for pk in self.again_examples],
+            "delivered_after_last_polled": self.after,
+            "delivered_after_last_polled_examples": [list(pk) for pk in self.after_examples],
             "unfinished": rows(self.unfinished),
             "given_up": rows(self.given_up),
             "existing": self.existing.to_json() if self.existing else None,
@@ -253,44 +249,50 @@ def _take_over(
             "start elsewhere with `afdb seek`)."
         )
     table = cursor[0].table
+    if not isinstance(cursor[0].type, mysql.TIMESTAMP):
+        raise ConfigurationError(
+            f"`{UPDATED_AT}` of `{table.name}` is a {cursor[0].type}, not the `TIMESTAMP` the "
+            "MySQL trigger asks for: the takeover reads the trigger's times as instants of a "
+            "`TIMESTAMP` column only (start the poller with `afdb seek` instead)."
+        )
     with engine.connect() as conn:
         database = table.schema or str(conn.execute(sa.text("SELECT DATABASE()")).scalar_one())
         table_id = user_table_id(database, table.name)
-        with _server_zone(conn) as zone:
+        with state.server_zone(conn) as zone:
             fid = _function_id(conn, cfg.name, table_id, request, settings)
             leases = request.leases_table or f"Leases_{fid}_{table_id}"
-            last_polled, polled_epoch = _state_row(conn, fid, table_id, cfg.name)
-            found = Takeover(
-                cfg.name, cfg.namespace, fid, table_id, leases, zone, last_polled=last_polled
-            )
-            first = _read_leases(conn, found, source, database, table.name)
+            polled = state.last_polled(conn, fid, table_id, cfg.name)
+            found = Takeover(cfg.name, cfg.namespace, fid, table_id, leases, zone, polled)
+            stuck = state.unfinished(conn, leases, table, database, cfg.name)
+            for row in stuck:
+                (found.given_up if row.attempts >= GIVEN_UP else found.unfinished).append(row)
             # Seconds since the epoch, from the server: the earliest wins.
+            polled_epoch = state.earliest_epoch(conn, polled)
             overlap = f" less the {request.overlap:g} s overlap" if request.overlap else ""
             starts = [
-                (
-                    float(polled_epoch) - request.overlap,
-                    f"the trigger's LastPolledTime {last_polled} ({zone}){overlap}",
-                )
+                (polled_epoch - request.overlap, f"the trigger's LastPolledTime{overlap}"),
+                *(
+                    (
+                        state.earliest_epoch(conn, row.stamped),
+                        f"a row the trigger did not finish (key {row.pk})",
+                    )
+                    for row in stuck[:1]  # the first in the table's order
+                ),
             ]
-            if first is not None:
-                epoch = _epoch(conn, first.stamped)
-                starts.append((float(epoch), f"a row the trigger did not finish (key {first.pk})"))
+            found.after, found.after_examples = state.delivered_after(
+                conn, leases, (database, table), polled_epoch, source.pk_columns
+            )
         moment, reason = min(starts, key=lambda s: s[0])
         target = source.horizon_target()
         start_value = values.time_bound(
-            dt.datetime.fromtimestamp(float(moment), dt.UTC), target.cursor, target.zone
+            dt.datetime.fromtimestamp(math.floor(moment), dt.UTC), target.cursor, target.zone
         )
-        if start_value is None:
-            raise ConfigurationError(
-                f"`{UPDATED_AT}` of `{table.name}` is not a date-time column: it is not the "
-                "MySQL trigger's column."
-            )
+        if start_value is None:  # pragma: no cover - a TIMESTAMP column, checked above
+            raise ConfigurationError(f"`{UPDATED_AT}` is not a date-time column")
         _wait_for_horizon(source, start_value, request.wait, cfg.name)
         found.start = Position(cursor=(start_value,), pk=())
         found.start_reason = reason
-        again = _again(conn, source, start_value, last_polled)
-        found.again = int(again[0])
-        found.again_examples = again[1]
+        found.again, found.again_examples = _again(conn, source, math.floor(moment), polled_epoch)
     store = definition.store(settings)
     found.store = store.describe()
     stored = store.read(cfg.key)
@@ -335,19 +337,6 @@ def _take_over(
     return found
 
 
-@contextlib.contextmanager
-def _server_zone(conn: sa.Connection) -> Iterator[str]:
-    """The connection in the server's default zone (the trigger's sessions never set one, so
-    its ``DATETIME`` values and comparisons are in that zone), back in UTC afterwards; yields
-    the zone's name."""
-    conn.execute(sa.text("SET time_zone = @@global.time_zone"))
-    try:
-        zone, system = conn.execute(sa.text("SELECT @@time_zone, @@system_time_zone")).one()
-        yield f"SYSTEM ({system})" if str(zone).upper() == "SYSTEM" else str(zone)
-    finally:
-        conn.execute(sa.text("SET time_zone = '+00:00'"))
-
-
 def _wait_for_horizon(source: SqlSource, start: Any, wait: float, poller: str) -> None:
     """Return once the poller's horizon is at or past ``start``: no transaction still open may
     commit a row stamped below it (which neither the stopped trigger nor the poller would
@@ -356,6 +345,14 @@ def _wait_for_horizon(source: SqlSource, start: Any, wait: float, poller: str) -
     deadline = time.monotonic() + wait
     while True:
         horizon = source.horizon()
+        if horizon.method in ("none", "lag") or horizon.fix:
+            why = horizon.detail or f'the source has `horizon="{horizon.method}"`'
+            fix = f" Fix: `{horizon.fix}`." if horizon.fix else ' Use `horizon="auto"`.'
+            raise SourceError(
+                f"Poller `{poller}`: the takeover needs the commit-safe horizon, to prove that "
+                f"no transaction still open commits a row below its start; here {why}.{fix}",
+                poller=poller,
+            )
         # Both are values of the cursor column's own kind (``time_bound``'s): instants.
         if horizon.bound is None or not horizon.bound < start:
             return
@@ -385,7 +382,7 @@ def _function_id(
                 "`--site NAME` (the WEBSITE_SITE_NAME of the app that ran the trigger)."
             )
         return user_function_id(site, function)
-    rows = _state_rows(conn, table_id, poller)
+    rows = state.function_ids(conn, table_id, poller)
     if len(rows) == 1:
         return str(rows[0])
     listed = ", ".join(f"`{r}`" for r in rows) or "none"
@@ -395,103 +392,16 @@ def _function_id(
     )
 
 
-def _state_rows(conn: sa.Connection, table_id: str, poller: str) -> list[str]:
-    try:
-        found = conn.execute(
-            sa.text(
-                f"SELECT UserFunctionID FROM {STATE_DATABASE}.GlobalState "
-                "WHERE UserTableID = :t ORDER BY UserFunctionID"
-            ),
-            {"t": table_id},
-        )
-        return [str(r[0]) for r in found]
-    except sa.exc.SQLAlchemyError as exc:
-        raise _unreadable(exc, poller) from exc
-
-
-def _state_row(conn: sa.Connection, fid: str, table_id: str, poller: str) -> tuple[str, Any]:
-    """``LastPolledTime`` as stored (text) and as seconds since the epoch."""
-    try:
-        row = conn.execute(
-            sa.text(
-                "SELECT DATE_FORMAT(LastPolledTime, '%Y-%m-%d %H:%i:%s'), "
-                f"UNIX_TIMESTAMP(LastPolledTime) FROM {STATE_DATABASE}.GlobalState "
-                "WHERE UserFunctionID = :f AND UserTableID = :t"
-            ),
-            {"f": fid, "t": table_id},
-        ).first()
-    except sa.exc.SQLAlchemyError as exc:
-        raise _unreadable(exc, poller) from exc
-    if row is None:
-        raise ConfigurationError(
-            f"The MySQL trigger's state has no row for function `{fid}` and table `{table_id}` "
-            f"in {STATE_DATABASE}.GlobalState: check the function's name and the app's "
-            "WEBSITE_SITE_NAME (`--function`, `--site`), or pass `--function-id` (the "
-            "UserFunctionID column)."
-        )
-    return str(row[0]), row[1]
-
-
-def _unreadable(exc: sa.exc.SQLAlchemyError, poller: str) -> SourceError:
-    cause = getattr(exc, "orig", None) or exc
-    first = (str(cause).strip().splitlines() or [""])[0]
-    return SourceError(
-        f"Poller `{poller}`: the MySQL trigger's state in `{STATE_DATABASE}` cannot be read "
-        f"({type(cause).__name__}: {first}). The poller's database user needs `GRANT SELECT "
-        f"ON {STATE_DATABASE}.* TO <user>` for the takeover (only for it).",
-        poller=poller,
-    )
-
-
-def _read_leases(
-    conn: sa.Connection, found: Takeover, source: SqlSource, database: str, table: str
-) -> Row | None:
-    """The rows the trigger leased and did not finish: attempted and not delivered since their
-    last change, split into unfinished ones and those given up (5 attempts); the earliest in
-    the table's order, or ``None``."""
-    pk = [c.name for c in source.pk_columns]
-    on = " AND ".join(f"u.{_quoted(c)} = l.{_quoted(c)}" for c in pk)
-    keys = ", ".join(f"l.{_quoted(c)}" for c in pk)
-    statement = sa.text(
-        f"SELECT {keys}, l._az_func_AttemptCount, "
-        f"DATE_FORMAT(u.{UPDATED_AT}, '%Y-%m-%d %H:%i:%s') "
-        f"FROM {STATE_DATABASE}.{_quoted(found.leases_table)} AS l "
-        f"JOIN {_quoted(database)}.{_quoted(table)} AS u ON {on} "
-        "WHERE l._az_func_AttemptCount > 0 AND (l._az_func_SyncCompletedTime IS NULL "
-        f"OR l._az_func_SyncCompletedTime < u.{UPDATED_AT}) "
-        f"ORDER BY u.{UPDATED_AT}, {keys}"
-    )
-    try:
-        rows = conn.execute(statement).all()
-    except sa.exc.SQLAlchemyError as exc:
-        if "doesn't exist" in str(getattr(exc, "orig", exc)):
-            return None  # no leases table yet: the trigger never leased a row
-        raise _unreadable(exc, found.poller) from exc
-    entries = [
-        Row(pk=tuple(row[: len(pk)]), attempts=int(row[len(pk)]), stamped=str(row[-1]))
-        for row in rows
-    ]
-    for entry in entries:
-        (found.given_up if entry.attempts >= GIVEN_UP else found.unfinished).append(entry)
-    return entries[0] if entries else None
-
-
-def _epoch(conn: sa.Connection, stamped: str) -> Any:
-    """A time the server's default zone shows, as seconds since the epoch (the server says)."""
-    return conn.execute(sa.text("SELECT UNIX_TIMESTAMP(:s)"), {"s": stamped}).scalar_one()
-
-
 def _again(
-    conn: sa.Connection, source: SqlSource, start: Any, last_polled: str
+    conn: sa.Connection, source: SqlSource, start: int, until: int
 ) -> tuple[int, list[tuple[Any, ...]]]:
-    """Rows from ``start`` to the trigger's ``LastPolledTime``: it delivered them (or holds
-    them unfinished), and they come again."""
-    table = source.cursor_columns[0].table
+    """Rows stamped from the epoch second ``start`` to ``until`` (``LastPolledTime``)."""
     column = source.cursor_columns[0]
-    pk = list(source.pk_columns)
-    with _server_zone(conn):
-        until = conn.execute(sa.text("SELECT UNIX_TIMESTAMP(:s)"), {"s": last_polled}).scalar()
-    where = sa.and_(column >= start, column <= sa.func.from_unixtime(until))
-    count = conn.execute(sa.select(sa.func.count()).select_from(table).where(where)).scalar_one()
-    examples = conn.execute(sa.select(*pk).where(where).order_by(column, *pk).limit(EXAMPLES)).all()
-    return int(count), [tuple(r) for r in examples]
+    keys = list(source.pk_columns)
+    stamp = sa.func.unix_timestamp(column)
+    where = sa.and_(stamp >= start, stamp <= until)
+    count = conn.execute(sa.select(sa.func.count()).select_from(column.table).where(where))
+    examples = conn.execute(
+        sa.select(*keys).where(where).order_by(column, *keys).limit(state.EXAMPLES)
+    ).all()
+    return int(count.scalar_one()), [tuple(r) for r in examples]

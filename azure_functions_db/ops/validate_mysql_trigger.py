@@ -12,7 +12,13 @@ from typing import Any, Literal
 
 import sqlalchemy as sa
 
-from azure_functions_db.ops.migrate_mysql import STATE_DATABASE, UPDATED_AT, user_table_id
+from azure_functions_db.ops.mysql_trigger_state import (
+    DENIED,
+    STATE_DATABASE,
+    UPDATED_AT,
+    code,
+    user_table_id,
+)
 from azure_functions_db.sources.sqlalchemy import SqlSource
 
 #: (level, message, fix) of one finding (``check="mysql_trigger"``).
@@ -61,8 +67,19 @@ def mysql_trigger_findings(source: Any, app: str, poller: str) -> list[TriggerFi
                 ),
                 {"t": user_table_id(database, table.name)},
             ).all()
-        except sa.exc.SQLAlchemyError:
-            return found  # no trigger state here, or not readable: nothing to take over from
+        except sa.exc.SQLAlchemyError as exc:
+            if code(exc) in DENIED:
+                user = source.engine.url.username or "<user>"
+                found.append(
+                    (
+                        "warning",
+                        f"The poller's user `{user}` may not read {STATE_DATABASE}, where Azure's "
+                        "MySQL trigger keeps its state: if the trigger ran on this table, grant "
+                        "the read and validate again, to take over where it stopped.",
+                        f"GRANT SELECT ON {STATE_DATABASE}.* TO '{user}'@'%'",
+                    )
+                )
+            return found  # else no trigger state here: nothing to take over from
     if functions:
         ids = ", ".join(f"`{row[0]}`" for row in functions)
         command = f"afdb migrate mysql-trigger {app} --poller {poller} --function NAME --site APP"

@@ -124,7 +124,10 @@ def _stamp(db: Db, rows: dict[int, str]) -> None:
         conn.exec_driver_sql("SET time_zone = '+05:30'")
         for product, at in rows.items():
             conn.execute(
-                sa.text("INSERT INTO Products VALUES (:p, :n, 1, :at)"),
+                sa.text(
+                    "INSERT INTO Products (ProductId, Name, Cost, az_func_updated_at) "
+                    "VALUES (:p, :n, 1, :at)"
+                ),
                 {"p": product, "n": f"p{product}", "at": at},
             )
 
@@ -280,3 +283,158 @@ def test_validate_recognises_the_triggers_table_and_its_state(trigger: Trigger) 
     trigger.drop()  # no state left: the table's column alone is reported
     found = validate_poller(definition, {}, app="app.py").findings
     assert [f.level for f in found if f.check == "mysql_trigger"] == ["ok"]
+
+
+# -- what an adversarial review found (2026-11-27) ------------------------------------------
+
+
+def test_a_poller_without_a_commit_safe_horizon_may_not_take_over(trigger: Trigger) -> None:
+    """Without PROCESS the horizon falls back to `none`: the takeover could not prove that no
+    transaction still open commits a row below its start, so it refuses, naming the grant."""
+    db = trigger.db
+    user = f"u{trigger.fid[:8]}"
+    with db.engine.begin() as conn:
+        conn.exec_driver_sql(f"CREATE USER '{user}'@'%%'")
+        conn.exec_driver_sql(f"GRANT SELECT ON `{trigger.database}`.* TO '{user}'@'%%'")
+        conn.exec_driver_sql(f"GRANT SELECT ON az_func_mysql.* TO '{user}'@'%%'")
+    try:
+        url = db.url.replace("mysql+pymysql://root@", f"mysql+pymysql://{user}@", 1)
+        definition = _poller(Db("mysql", url, None, db.engine), [], MemoryStateStore())
+        with pytest.raises(SourceError, match=r"commit-safe horizon.*GRANT PROCESS"):
+            take_over(definition, {}, Request(function_id=trigger.fid, dry_run=True))
+    finally:
+        with db.engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP USER '{user}'@'%%'")
+
+
+def test_rows_the_trigger_delivered_behind_a_row_it_gave_up_on_are_counted(maria: Db) -> None:
+    """A row given up stops LastPolledTime for good, while the trigger goes on delivering the
+    rows after it: those come again too, and the dry run counts them."""
+    from devkit.mysql_trigger import MySqlTrigger
+
+    with maria.engine.begin() as conn:
+        conn.exec_driver_sql(PRODUCTS)
+    raw = _raw(maria)
+    live = MySqlTrigger(raw, "Products", site=SITE, function="GivesUp", lease_seconds=0)
+    live.start()
+    try:
+        time.sleep(1.1)
+        with raw.cursor() as cur:
+            cur.execute("INSERT INTO Products (ProductId, Name, Cost) VALUES (1, 'bad', 1)")
+
+        def function(rows: list[dict[str, Any]]) -> None:
+            if any(row["Name"] == "bad" for row in rows):
+                raise ValueError("fails on this row")
+
+        for _ in range(5):
+            live.poll(function)
+            time.sleep(1.05)
+        time.sleep(1.1)
+        with raw.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO Products (ProductId, Name, Cost) VALUES (%s, 'ok', 1)",
+                [(pk,) for pk in range(2, 6)],
+            )
+        assert live.poll(function).succeeded
+        plan = take_over(
+            _poller(maria, [], MemoryStateStore()),
+            {},
+            Request(function_id=live.function_id, overlap=0, dry_run=True),
+        )
+        assert [r.pk for r in plan.given_up] == [(1,)]
+        assert plan.after == 4
+        assert sorted(pk[0] for pk in plan.after_examples) == [2, 3, 4, 5]
+        assert "4 it delivered after its LastPolledTime" in "\n".join(plan.lines())
+    finally:
+        live.drop_state()
+        raw.close()
+
+
+def _raw(db: Db) -> Any:
+    import urllib.parse
+
+    import pymysql
+
+    url = urllib.parse.urlsplit(db.url.replace("mysql+pymysql://", "mysql://", 1))
+    return pymysql.connect(
+        host=url.hostname, port=url.port or 3306, user=url.username, database=url.path[1:]
+    )
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"overlap": -2}, "`--overlap -2` must be a number of seconds, 0 or more"),
+        ({"overlap": float("nan")}, "`--overlap nan`"),
+        ({"wait": float("inf")}, "`--wait inf`"),
+    ],
+)
+def test_a_bad_overlap_or_wait_is_refused(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        Request(**options)
+
+
+def test_a_missing_leases_table_asks_for_the_name_the_binding_gave(trigger: Trigger) -> None:
+    with trigger.db.engine.begin() as conn:
+        conn.exec_driver_sql(f"RENAME TABLE {trigger.leases} TO az_func_mysql.`mine_{trigger.fid}`")
+    definition = _poller(trigger.db, [], MemoryStateStore())
+    try:
+        with pytest.raises(ConfigurationError, match="--leases-table NAME"):
+            take_over(definition, {}, Request(function_id=trigger.fid, dry_run=True))
+        named = Request(function_id=trigger.fid, leases_table=f"mine_{trigger.fid}", dry_run=True)
+        assert take_over(definition, {}, named).leases_table == f"mine_{trigger.fid}"
+    finally:
+        with trigger.db.engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP TABLE IF EXISTS az_func_mysql.`mine_{trigger.fid}`")
+
+
+def test_the_leases_are_joined_on_the_tables_primary_key_not_the_pollers(
+    trigger: Trigger,
+) -> None:
+    db = trigger.db
+    with db.engine.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE Products ADD COLUMN Sku int, ADD UNIQUE KEY (Sku)")
+    _stamp(db, {1: "2026-03-01 10:00:01", 2: "2026-03-01 10:00:02"})
+    with db.engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE Products SET Sku = ProductId + 100")
+    trigger.polled_up_to(1)
+    trigger.leased(2, attempts=5)
+    definition = PollerDefinition(
+        config=PollerConfig(name="products"),
+        schedule="* * * * * *",
+        source=SqlSource(url=db.url, table="Products", cursor="az_func_updated_at", pk="Sku"),
+        handler=lambda batch: None,
+        state=MemoryStateStore(),
+    )
+    plan = take_over(definition, {}, Request(function_id=trigger.fid, dry_run=True))
+    assert [r.pk for r in plan.given_up] == [(2,)]
+
+
+def test_a_datetime_column_is_not_taken_for_the_triggers_timestamp(maria: Db) -> None:
+    with maria.engine.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE TABLE Products (ProductId int PRIMARY KEY, az_func_updated_at DATETIME)"
+        )
+    definition = _poller(maria, [], MemoryStateStore())
+    with pytest.raises(ConfigurationError, match="not the `TIMESTAMP` the MySQL trigger asks"):
+        take_over(definition, {}, Request(function_id="0" * 16, dry_run=True))
+
+
+def test_validate_names_the_grant_it_needs_to_see_the_triggers_state(trigger: Trigger) -> None:
+    from azure_functions_db.ops.validate import validate_poller
+
+    db = trigger.db
+    user = f"v{trigger.fid[:8]}"
+    with db.engine.begin() as conn:
+        conn.exec_driver_sql(f"CREATE USER '{user}'@'%%'")
+        conn.exec_driver_sql(f"GRANT SELECT ON `{trigger.database}`.* TO '{user}'@'%%'")
+    try:
+        url = db.url.replace("mysql+pymysql://root@", f"mysql+pymysql://{user}@", 1)
+        definition = _poller(Db("mysql", url, None, db.engine), [], MemoryStateStore())
+        found = validate_poller(definition, {}, app="app.py").findings
+        mine = [f for f in found if f.check == "mysql_trigger"]
+        assert [f.level for f in mine] == ["ok", "warning"], found
+        assert mine[1].fix == f"GRANT SELECT ON az_func_mysql.* TO '{user}'@'%'"
+    finally:
+        with db.engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP USER '{user}'@'%%'")
