@@ -1,7 +1,8 @@
 """docs/migrate-from-mysql-trigger.md works as written, on the real MariaDB: a table the MySQL
 trigger's own SQL (re-enacted) has been delivering, with a row it gave up on; the page's
-``function_app.py`` and its ``afdb`` commands, run as they stand in a fresh folder; the
-statements the takeover prints drop the trigger's state."""
+grants, given to a user `app` created for the test (the test fails rather than touch a user
+`app` it did not create); its ``function_app.py`` and its ``afdb`` commands, run as they stand
+in a fresh folder as that user; the statements the takeover prints drop the trigger's state."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ pytestmark = [pytest.mark.mysql, pytest.mark.slow]
 DOC = Path(__file__).resolve().parents[2] / "docs" / "migrate-from-mysql-trigger.md"
 TITLED = re.compile(r'```python title="([^"]+)"\n(.*?)```', re.DOTALL)
 SHELL = re.compile(r"```sh\n(.*?)```", re.DOTALL)
+SQL = re.compile(r"```sql\n(.*?)```", re.DOTALL)
 TEXT = re.compile(r"```text\n(.*?)```", re.DOTALL)
 
 
@@ -40,7 +42,8 @@ def _connect(db: Db) -> Any:
 
 def _run(command: str, cwd: Path, db: Db) -> str:
     assert command.startswith("afdb "), command
-    env = {**os.environ, "MYSQL_URL": db.url, "AFDB_STATE_DIR": ".afdb/state"}
+    as_app = db.url.replace("mysql+pymysql://root@", "mysql+pymysql://app@", 1)
+    env = {**os.environ, "MYSQL_URL": as_app, "AFDB_STATE_DIR": ".afdb/state"}
     done = subprocess.run(
         [sys.executable, "-m", "azure_functions_db", *command.split()[1:]],
         cwd=cwd,
@@ -112,6 +115,20 @@ def _follow(text: str, db: Db, trigger: MySqlTrigger, folder: Path) -> None:
         time.sleep(1.05)  # its lease (0 s here, whole seconds) has expired
     assert trigger.poll(function).rows == []
 
+    # Step 2's grants, to the page's user.
+    grants, drops = SQL.findall(text)
+    with trigger.conn.cursor() as cur:
+        cur.execute("CREATE USER 'app'@'%'")  # fails if there is one: never touch it
+        try:
+            for statement in filter(None, (g.strip() for g in grants.split(";"))):
+                cur.execute(statement)
+            _take_over_as_the_page_says(text, db, trigger, folder)
+        finally:
+            cur.execute("DROP USER 'app'@'%'")
+    assert "DROP TABLE az_func_mysql.`Leases_<UserFunctionID>_<UserTableID>`;" in drops
+
+
+def _take_over_as_the_page_says(text: str, db: Db, trigger: MySqlTrigger, folder: Path) -> None:
     # Step 1: the page's app, in a fresh folder.
     files = dict(TITLED.findall(text))
     assert list(files) == ["function_app.py"]
