@@ -196,6 +196,14 @@ def _drain(source: SqlSource, state: dict[str, Any]) -> None:
             return
 
 
+def _drain_until(source: SqlSource, state: dict[str, Any], rows: int, seconds: float) -> None:
+    """Drain until ``rows`` ids were delivered or ``seconds`` passed (a late row commits)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and len(state["delivered"]) < rows:
+        time.sleep(0.1)
+        _drain(source, state)
+
+
 def _run_stopped_writer(pg: Pg, horizon: object, folder: Path) -> dict[str, Any]:
     """The late-commit workload around a backend stopped in its window: row 100's transaction
     reads its clock, is stopped STOP seconds, then inserts and commits; meanwhile rows 1-3 are
@@ -227,10 +235,7 @@ def _run_stopped_writer(pg: Pg, horizon: object, folder: Path) -> dict[str, Any]
             state["holds"].append(source.horizon().hold)
         thread.join(30)
         assert not thread.is_alive()
-        deadline = time.monotonic() + 3.5
-        while time.monotonic() < deadline and len(state["delivered"]) < 4:
-            _drain(source, state)
-            time.sleep(0.1)
+        _drain_until(source, state, 4, 3.5)
         stamps = dict(fast.execute(f'SELECT id, updated_at FROM "{schema}".t').fetchall())
         state["late_before_fast"] = stamps[100] < min(stamps[i] for i in (1, 2, 3))
     finally:
@@ -337,10 +342,16 @@ def maria_orders(mysql_db: str) -> Iterator[str]:
     return url
 
 
-def _function_workload(url: str, horizon: object) -> tuple[list[int], object]:
-    """Rows 1, 2; then row 100 stamped by NOW(6) in a statement whose function runs 1.6 s
-    before the insert, while rows 3-6 are written and read. Returns the ids delivered and the
-    margin the horizon used."""
+def _function_workload(
+    url: str,
+    horizon: object,
+    function: str = "slow_one",
+    rows: tuple[range, range] = (range(1, 3), range(3, 7)),
+    pause: float = 0.4,
+) -> tuple[list[int], object]:
+    """Rows ``rows[0]``; then row 100 stamped by NOW(6) in a statement that calls ``function``
+    (which runs seconds before the insert), while rows ``rows[1]`` are written and read, one
+    every ``pause`` seconds. Returns the ids delivered and the margin the horizon used."""
     engine = sa.create_engine(url, poolclass=sa.NullPool)
     source = SqlSource(url, "t", "updated_at", "id", horizon=horizon)  # type: ignore[arg-type]
     state: dict[str, Any] = {"delivered": []}
@@ -349,23 +360,20 @@ def _function_workload(url: str, horizon: object) -> tuple[list[int], object]:
         with engine.begin() as conn:
             conn.exec_driver_sql(sql)
 
+    first, later = rows
     try:
         source.open({})
-        insert("INSERT INTO t VALUES (1, NOW(6)), (2, NOW(6))")
+        insert("INSERT INTO t VALUES " + ", ".join(f"({i}, NOW(6))" for i in first))
         _drain(source, state)
-        writer = threading.Thread(
-            target=insert, args=("INSERT INTO t VALUES (100 * slow_one(), NOW(6))",), daemon=True
-        )
+        statement = f"INSERT INTO t VALUES (100 * {function}(), NOW(6))"
+        writer = threading.Thread(target=insert, args=(statement,), daemon=True)
         writer.start()
-        for row_id in (3, 4, 5, 6):
-            time.sleep(0.4)
+        for row_id in later:
+            time.sleep(pause)
             insert(f"INSERT INTO t VALUES ({row_id}, NOW(6))")
             _drain(source, state)
         writer.join(30)
-        deadline = time.monotonic() + 4
-        while time.monotonic() < deadline and len(state["delivered"]) < 7:
-            time.sleep(0.2)
-            _drain(source, state)
+        _drain_until(source, state, len(first) + len(later) + 1, 4)
         chosen = getattr(horizon, "chosen", horizon)
         return state["delivered"], getattr(chosen, "settle", None)
     finally:
@@ -433,10 +441,7 @@ def test_mariadb_open_transaction_holds_from_its_uncommitted_row_not_from_its_fl
         assert state["delivered"] == [1]
         assert hold is not None
         late.commit()
-        deadline = time.monotonic() + 3
-        while time.monotonic() < deadline and len(state["delivered"]) < 3:
-            time.sleep(0.1)
-            _drain(source, state)
+        _drain_until(source, state, 3, 3)
         assert state["delivered"] == [1, 100, 2]
     finally:
         late.close()
@@ -485,10 +490,7 @@ def test_mariadb_whole_second_cursor_bound_is_cut_to_the_second(mysql_db: str) -
         time.sleep(0.1)
         _drain(source, state)
         slow.join(30)
-        deadline = time.monotonic() + 3.5
-        while time.monotonic() < deadline and len(state["delivered"]) < 2:
-            time.sleep(0.2)
-            _drain(source, state)
+        _drain_until(source, state, 2, 3.5)
         with engine.connect() as conn:
             stamps = dict(conn.exec_driver_sql("SELECT id, updated_at FROM s").all())
     finally:
@@ -517,10 +519,7 @@ def test_pg_whole_second_cursor_bound_is_cut_to_the_second(pg: Pg) -> None:
         fast.execute(f'INSERT INTO "{schema}".t (id) VALUES (6)')
         _drain(source, state)
         fast.execute(f'INSERT INTO "{schema}".t (id) VALUES (5)')
-        deadline = time.monotonic() + 3
-        while time.monotonic() < deadline and len(state["delivered"]) < 2:
-            time.sleep(0.2)
-            _drain(source, state)
+        _drain_until(source, state, 2, 3)
         stamps = dict(fast.execute(f'SELECT id, updated_at FROM "{schema}".t').fetchall())
     finally:
         source.close()
@@ -566,10 +565,7 @@ def test_pg_replication_connection_running_sql_is_waited_for(pg: Pg, tmp_path: P
                 fast.execute(f'INSERT INTO "{schema}".t (id) VALUES ({row_id})')
             time.sleep(0.2)
             _drain(source, state)
-        deadline = time.monotonic() + 3
-        while time.monotonic() < deadline and len(state["delivered"]) < 4:
-            time.sleep(0.2)
-            _drain(source, state)
+        _drain_until(source, state, 4, 3)
         stamps = dict(fast.execute(f'SELECT id, updated_at FROM "{schema}".t').fetchall())
     finally:
         source.close()
@@ -595,34 +591,11 @@ def test_mariadb_floor_is_not_narrowed_on_a_server_with_stored_functions(
             "CREATE FUNCTION writes_first() RETURNS int NOT DETERMINISTIC MODIFIES SQL DATA "
             "BEGIN INSERT INTO other () VALUES (); DO SLEEP(1.5); DO SLEEP(0.8); RETURN 1; END"
         )
-    source = SqlSource(maria_orders, "t", "updated_at", "id")
-    state: dict[str, Any] = {"delivered": []}
-
-    def insert(sql: str) -> None:
-        with engine.begin() as conn:
-            conn.exec_driver_sql(sql)
-
-    try:
-        source.open({})
-        insert("INSERT INTO t VALUES (1, NOW(6))")
-        _drain(source, state)
-        writer = threading.Thread(
-            target=insert, args=("INSERT INTO t VALUES (100 * writes_first(), NOW(6))",)
-        )
-        writer.start()
-        for row_id in range(2, 12):
-            time.sleep(0.2)
-            insert(f"INSERT INTO t VALUES ({row_id}, NOW(6))")
-            _drain(source, state)
-        writer.join(30)
-        deadline = time.monotonic() + 4
-        while time.monotonic() < deadline and len(state["delivered"]) < 12:
-            time.sleep(0.2)
-            _drain(source, state)
-    finally:
-        source.close()
-        engine.dispose()
-    assert sorted(state["delivered"]) == [1, *range(2, 12), 100]
+    engine.dispose()
+    delivered, _ = _function_workload(
+        maria_orders, AutoHorizon(), "writes_first", (range(1, 2), range(2, 12)), 0.2
+    )
+    assert sorted(delivered) == [1, *range(2, 12), 100]
 
 
 @pytest.mark.mysql
