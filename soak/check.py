@@ -84,6 +84,10 @@ def poisoned(row: Row, version: int) -> bool:
     return (number * 31 + version) % 997 == 7
 
 
+#: What the soak's handler raises on purpose (soak.handling): a quarantine record of good
+#: versions with another error is a sink or the engine failing on good rows.
+INJECTED = ("soak: injected handler failure", "soak: planted poison version")
+
 # The engine's events that end a handler call's batch: acknowledged, or not.
 _ENDS_OF_A_CALL = ("batch_committed", "commit_rejected", "lease_lost", "handler_failed")
 EXAMPLES = 10
@@ -134,6 +138,7 @@ class Report:
     poison_planted: int = 0
     poison_quarantined: int = 0
     quarantined_good: int = 0
+    wrongly_quarantined: list[str] = field(default_factory=list)
     queue_messages: int | None = None
     queue_duplicates: int = 0
     queue_missing: int = 0
@@ -159,6 +164,11 @@ class Report:
             found.append(f"(f) {self.sink_duplicates} version(s) written to the sink twice")
         if self.sink_missing:
             found.append(f"(f) {self.sink_missing} committed version(s) the sink never got")
+        if self.wrongly_quarantined:
+            found.append(
+                f"(g) {len(self.wrongly_quarantined)} quarantine record(s) of good versions "
+                "for an error the soak did not inject"
+            )
         if self.queue_missing:
             found.append(f"(h) {self.queue_missing} committed version(s) never came off the queue")
         if self.queue_bad_ids:
@@ -251,7 +261,7 @@ class Report:
             f"(e) phantoms       {self.phantoms} {self.phantom_examples[:3] or ''}",
             f"(f) Sql/DeltaSink  {self._sink_line()}",
             f"(h) QueueSink      {self._queue_line()} {self.queue_bad_id_examples[:2] or ''}",
-            f"(g) quarantine     {self._quarantine_line()}",
+            f"(g) quarantine     {self._quarantine_line()} {self.wrongly_quarantined[:2] or ''}",
             f"monitor samples    {self.samples} ({self.sample_errors} failed reads)",
             f"longest standstill {secs(self.longest_standstill)} with committed rows waiting",
             f"commit->delivery   p50 {secs(self.delay_p50)}, p99 {secs(self.delay_p99)}",
@@ -337,6 +347,10 @@ def _check_one(folder: Path, shared: Path) -> Report:
         poller_exits=int(meta.get("poller_exits", 0)),
     )
     report.harness.extend(meta.get("harness", []))
+    kind = meta.get("sink")  # the poller's sink (a bool in a single-poller soak's meta)
+    needed = {"sql": "sink.json", "delta": "sink.json", "queue": "queue.jsonl"}.get(str(kind))
+    if isinstance(kind, str) and needed and not (folder / needed).exists():
+        report.harness.append(f"its {kind} sink's evidence `{needed}` is missing")
     faults = read_all(shared, "faults.jsonl")
     # A fault the driver had to skip (Azurite already frozen) is not counted.
     report.faults = dict(
@@ -392,6 +406,11 @@ def _quarantined(folder: Path, commits: Mapping[Pair, float], report: Report) ->
     report.quarantine_records, report.quarantined = len(records), len(parked)
     report.poison_quarantined = sum(1 for p in parked if poisoned(*p))
     report.quarantined_good = len(parked) - report.poison_quarantined
+    for record in records:
+        error = record.get("error")  # not recorded by soaks before 2026-11-27
+        good = [p for p in _pairs(record["rows"]) if not poisoned(*p)]
+        if error is not None and good and not any(m in str(error) for m in INJECTED):
+            report.wrongly_quarantined.append(f"{record['id']}: {good[:3]} ({error})")
     return parked
 
 
@@ -418,7 +437,13 @@ def _queue(folder: Path, commits: Mapping[Pair, float], parked: set[Pair], repor
     path = folder / "queue.jsonl"
     if not path.exists():
         return
-    messages = [m for m in read_all(folder, "queue.jsonl") if m["ev"] == "message"]
+    logged = read_all(folder, "queue.jsonl")
+    messages = [m for m in logged if m["ev"] == "message"]
+    unread = [m for m in logged if m["ev"] == "bad_message"]
+    if unread:
+        report.harness.append(
+            f"{len(unread)} message(s) the consumer could not read, e.g. {unread[0]}"
+        )
     report.queue_messages = len(messages)
     ids_of: dict[Pair, set[str]] = defaultdict(set)
     pairs_of: dict[str, set[Pair]] = defaultdict(set)

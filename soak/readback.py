@@ -58,8 +58,8 @@ class QueueConsumer:
         self._thread.join(timeout=30)
 
     def drained(self, quiet: float = 3.0) -> bool:
-        """Whether the queue is empty now: two receives ``quiet`` seconds apart found nothing
-        (and no message is invisible after a failed delete, which the count includes)."""
+        """Whether the queue is empty now: a receive within ``quiet`` seconds found nothing, and
+        the queue counts no message (invisible ones after a failed delete included)."""
         self.idle.clear()
         if not self.idle.wait(quiet) or self._stop.is_set():
             return False
@@ -90,16 +90,22 @@ class QueueConsumer:
             for message in messages:
                 self._take(message)
 
+    def pending(self) -> int:
+        """Messages on the queue now (invisible ones included), 0 when it cannot be read."""
+        try:
+            return int(self.client.get_queue_properties().approximate_message_count or 0)
+        except Exception:  # noqa: BLE001 - unknown: no progress is credited
+            return 0
+
     def _take(self, message: Any) -> None:
         if message.id not in self.seen:
-            body = json.loads(base64.b64decode(message.content))
-            data = body["data"]
-            self.log.write(
-                "message",
-                row=[data["id"], data["version"]],
-                event_id=body["event_id"],
-                message=message.id,
-            )
+            try:
+                body = json.loads(base64.b64decode(message.content))
+                row, event_id = [body["data"]["id"], body["data"]["version"]], body["event_id"]
+            except (ValueError, KeyError, TypeError) as exc:  # evidence, not a dead consumer
+                self.log.write("bad_message", message=message.id, error=repr(exc)[:200])
+            else:
+                self.log.write("message", row=row, event_id=event_id, message=message.id)
             self.seen.add(message.id)
         try:
             self.client.delete_message(message)

@@ -787,7 +787,7 @@ class Soak:
         best, last_progress, last_note = self.backlog(), began, began
         while True:
             self.watch_pollers()
-            left = self.backlog()
+            left = self.backlog() + sum(c.pending() for c in self.consumers.values())
             if left == 0 and all(c.drained() for c in self.consumers.values()):
                 self.faults.write("drained", at=round(self.elapsed(), 3))
                 return
@@ -796,7 +796,7 @@ class Soak:
                 best, last_progress = left, now
             if now - last_note >= 15:
                 last_note = now
-                print(f"soak: draining, {left} row(s) after the checkpoints", flush=True)
+                print(f"soak: draining, {left} row(s) or message(s) left", flush=True)
             stuck = now - last_progress > self.o.drain_timeout
             if stuck or now - began > DRAIN_LIMIT:
                 break
@@ -877,8 +877,16 @@ class Soak:
             for record_id in store.list_quarantined(key):
                 stored = store.read_quarantined(key, record_id)
                 if stored is not None:
-                    rows = [[c.pk, c.data["version"]] for c in stored.record.changes]
-                    records.append({"id": record_id, "state": stored.record.state, "rows": rows})
+                    record = stored.record
+                    rows = [[c.pk, c.data["version"]] for c in record.changes]
+                    records.append(
+                        {
+                            "id": record_id,
+                            "state": record.state,
+                            "rows": rows,
+                            "error": record.error,
+                        }
+                    )
         except Exception as exc:  # noqa: BLE001 - reported as a harness failure
             self.harness.append(f"{key.poller}: cannot read the quarantine records: {exc!r}")
             return

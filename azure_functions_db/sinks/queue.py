@@ -123,6 +123,7 @@ class QueueSink:
         self._client: Any = None
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        self._pid = os.getpid()
 
     def __repr__(self) -> str:
         return f"QueueSink(queue={self.queue!r}, connection={self.connection!r})"
@@ -133,6 +134,8 @@ class QueueSink:
         with nothing sent). Raises ``SinkError`` (``TransientSinkError`` for what a retry may
         fix) once the messages in flight have finished, sending no more after a failure: the
         batch then fails and is delivered again, with the same ``event_id`` in every message."""
+        if self._pid != os.getpid():
+            self._forked()
         client = self._queue(os.environ if settings is None else settings)
         bodies = [message_body(change) for change in changes]
         if self.concurrency == 1 or len(bodies) <= 1:
@@ -153,14 +156,29 @@ class QueueSink:
 
         futures: list[Future[bool]] = [self._executor().submit(one, body) for body in bodies]
         sent, error = 0, None
-        for future in futures:
-            try:
-                sent += future.result()
-            except BaseException as exc:  # noqa: BLE001 - the first one is raised below
-                error = error or exc
+        try:
+            for future in futures:
+                try:
+                    sent += future.result()
+                except Exception as exc:  # noqa: BLE001 - the first one is raised below
+                    error = error or exc
+        except BaseException:  # Ctrl-C (or an exit) while waiting: send no more, go at once
+            failed.set()
+            for future in futures:
+                future.cancel()
+            raise
         if error is not None:
             raise error
         return sent
+
+    def _forked(self) -> None:
+        """In a process forked from one that used this sink: its threads and connections are
+        the parent's; start afresh (a pool whose threads did not survive the fork would wait
+        for ever)."""
+        self._lock = threading.Lock()
+        self._client = None
+        self._pool = None
+        self._pid = os.getpid()
 
     def _send_one(self, client: Any, body: str) -> None:
         with self._errors("send a message to"):
@@ -241,6 +259,8 @@ class QueueSink:
         from azure.core.exceptions import (
             AzureError,
             ClientAuthenticationError,
+            DecodeError,
+            IncompleteReadError,
             ServiceRequestError,
             ServiceResponseError,
         )
@@ -256,8 +276,12 @@ class QueueSink:
                     "identity, grant the app the `Storage Queue Data Message Sender` role (and "
                     "Contributor on the queue, or create it beforehand)."
                 ) from exc
-            transient = isinstance(exc, ServiceRequestError | ServiceResponseError) or (
-                isinstance(status, int) and (status >= 500 or status in (408, 429))
+            # A connection cut mid-answer (no status, a short or garbled body) is the network's.
+            cut = isinstance(exc, IncompleteReadError | DecodeError) or status is None
+            transient = (
+                isinstance(exc, ServiceRequestError | ServiceResponseError)
+                or cut
+                or (isinstance(status, int) and (status >= 500 or status in (408, 429)))
             )
             kind = TransientSinkError if transient else SinkError
             detail = f"HTTP {status} {_code(exc)}" if status else type(exc).__name__

@@ -485,3 +485,25 @@ def test_a_handler_that_outlived_its_lease_is_caught_if_its_writes_land(ev: Evid
     landed = ev.judge()
     assert landed.sink_duplicates == 2
     assert any("checkpoint fence 2 -> 1" in r for r in landed.regressions)
+
+
+def test_good_versions_quarantined_for_an_error_the_soak_did_not_inject_fail_the_run(
+    ev: Evidence,
+) -> None:
+    """A sink that fails on good rows until the poller parks them must not pass as
+    "accounted for": the record's error tells an injected failure from a real one."""
+    ev.deliver(2.5, 1, (1, 3))
+    split = {
+        "id": "q-1",
+        "state": "quarantined",
+        "rows": [[2, 2]],
+        "error": "RuntimeError: soak: injected handler failure",
+    }
+    (ev.root / "quarantine.json").write_text(json.dumps([split]))
+    assert ev.judge().violations == []
+    sink = {**split, "id": "q-2", "error": "SinkError: QueueSink could not send a message"}
+    (ev.root / "quarantine.json").write_text(json.dumps([sink]))
+    report = ev.judge()
+    assert report.missing == 0  # accounted for ...
+    assert len(report.wrongly_quarantined) == 1  # ... but for a failure nobody injected
+    assert any(v.startswith("(g)") for v in report.violations)

@@ -6,6 +6,10 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
+import os
+import signal
+import threading
+import time
 import uuid
 from decimal import Decimal
 from typing import Any
@@ -246,3 +250,67 @@ def test_a_value_json_cannot_hold_fails_the_batch_before_anything_is_sent() -> N
     with pytest.raises(TypeError, match="cannot go into a queue message"):
         sink.send(bad, {})
     assert client.calls == 0
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX fork")
+def test_a_process_forked_after_sending_sends_too(azurite: Azurite, queue_name: str) -> None:
+    """The parent's pool threads and connections do not survive a fork: the child's first
+    send starts afresh instead of waiting for ever on a pool with no threads."""
+    settings = {"AzureWebJobsStorage": azurite.connection_string}
+    sink = QueueSink(queue_name)
+    assert sink.send(_changes(10), settings) == 10
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child's exit code is the result
+        try:
+            os._exit(0 if sink.send(_changes(10), settings) == 10 else 1)
+        except BaseException:
+            os._exit(2)
+    deadline = time.monotonic() + 60
+    while (done := os.waitpid(child, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+            pytest.fail("the forked child's send never returned")
+        time.sleep(0.05)
+    assert os.waitstatus_to_exitcode(done[1]) == 0
+    sink.close()
+    assert len(received(azurite, queue_name)) == 20
+
+
+class _SlowClient(_FailingClient):
+    def send_message(self, body: str) -> None:
+        time.sleep(0.05)
+        with self._lock:
+            self.calls += 1
+            self.sent.append(body)
+
+
+def test_ctrl_c_while_a_batch_is_sent_starts_no_more_messages() -> None:
+    sink = QueueSink("orders-out")
+    client = _SlowClient()
+    sink._client = client
+    main = threading.get_ident()
+    threading.Timer(0.1, lambda: signal.pthread_kill(main, signal.SIGINT)).start()
+    with pytest.raises(KeyboardInterrupt):
+        sink.send(_changes(400), {})
+    time.sleep(0.3)  # what was in flight ends; nothing new starts
+    stopped = len(client.sent)
+    time.sleep(0.3)
+    assert len(client.sent) == stopped
+    assert stopped < 100  # of 400: about 8 every 50 ms for 0.1 s, and those in flight
+    sink.close()
+
+
+def test_an_answer_cut_mid_way_is_a_transient_error() -> None:
+    from azure.core.exceptions import IncompleteReadError
+
+    from azure_functions_db.errors import TransientSinkError
+
+    class Cut(_FailingClient):
+        def send_message(self, body: str) -> None:
+            raise IncompleteReadError(message="connection closed mid-body")
+
+    sink = QueueSink("orders-out", concurrency=1)
+    sink._client = Cut()
+    with pytest.raises(TransientSinkError, match="IncompleteReadError"):
+        sink.send(_changes(1), {})
