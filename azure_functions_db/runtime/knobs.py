@@ -109,11 +109,11 @@ def resolve_knobs(
 
 def alias_knobs(
     defaults: Iterable[str], settings: Mapping[str, str], poller: str
-) -> dict[str, Any]:
+) -> dict[str, tuple[Any, str]]:
     """The knobs of a MySQL poller left at their defaults (``defaults``) that Azure's MySQL
-    trigger's settings set (:data:`MYSQL_TRIGGER_ALIASES`), ``{knob: value}``, each logged
-    (``setting_alias``). A bad value raises ``ConfigurationError`` naming the setting."""
-    found: dict[str, Any] = {}
+    trigger's settings set (:data:`MYSQL_TRIGGER_ALIASES`), ``{knob: (value, setting)}``, each
+    logged (``setting_alias``). A bad value raises ``ConfigurationError`` naming the setting."""
+    found: dict[str, tuple[Any, str]] = {}
     for knob in defaults:
         names, factor = MYSQL_TRIGGER_ALIASES.get(knob, ((), 1))
         name = next((n for n in names if settings.get(n, "").strip()), None)
@@ -131,7 +131,7 @@ def alias_knobs(
                 f"`{knob}=` on the poller."
             ) from None
         value = number if factor == 1 else number * factor
-        found[knob] = value
+        found[knob] = (value, name)
         log_event(
             logger,
             logging.INFO,

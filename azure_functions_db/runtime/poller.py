@@ -182,14 +182,16 @@ class PollerDefinition:
         """The configuration with its knobs read from ``settings`` (``batch_size="%NAME%"``
         and the like; see :mod:`azure_functions_db.runtime.knobs`)."""
         values = resolve_knobs(self.knobs, settings, self.name)
+        read_from = dict(self.knobs)
         if self.defaults and _reads_mysql(self.source, settings):
-            values.update(alias_knobs(self.defaults, settings, self.name))
+            for knob, (value, name) in alias_knobs(self.defaults, settings, self.name).items():
+                values[knob], read_from[knob] = value, name
         if not values:
             return self.config
         try:
             return dataclasses.replace(self.config, **values)
         except ConfigurationError as exc:  # a range that depends on another knob
-            names = ", ".join(f"`{self.knobs[k]}`" for k in values)
+            names = ", ".join(f"`{read_from[k]}`" for k in values)
             raise ConfigurationError(f"{exc} (read from the app setting(s) {names})") from None
 
     def stall_after(self, settings: Mapping[str, str]) -> float | None:

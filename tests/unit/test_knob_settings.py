@@ -185,3 +185,11 @@ def test_a_bad_mysql_trigger_setting_is_named():
     bad = {**TRIGGER_SETTINGS, "MySql_Trigger_PollingIntervalMs": "fast"}
     with pytest.raises(ConfigurationError, match="`MySql_Trigger_PollingIntervalMs`, which is"):
         _mysql_poller().pollers["products"].config_for(bad)
+
+
+def test_a_mysql_trigger_setting_out_of_range_for_the_poller_is_named():
+    """A polling interval longer than the poller's time budget: the error names the trigger's
+    setting it came from."""
+    slow = {**TRIGGER_SETTINGS, "MySql_Trigger_PollingIntervalMs": "300000"}
+    with pytest.raises(ConfigurationError, match="`MySql_Trigger_PollingIntervalMs`"):
+        _mysql_poller().pollers["products"].config_for(slow)
