@@ -784,10 +784,10 @@ class Soak:
         (self.out / "drain.flag").touch()
         print("soak: writers stopped; draining", flush=True)
         began = time.monotonic()
-        best, last_progress, last_note = self.backlog(), began, began
+        best, last_progress, last_note = self.left(), began, began
         while True:
             self.watch_pollers()
-            left = self.backlog() + sum(c.pending() for c in self.consumers.values())
+            left = self.left()
             if left == 0 and all(c.drained() for c in self.consumers.values()):
                 self.faults.write("drained", at=round(self.elapsed(), 3))
                 return
@@ -810,6 +810,10 @@ class Soak:
             f"the drain did not reach the table's last row ({why}; {self.backlog()} row(s) after "
             f"the checkpoints, queue drained: {all(c.drained() for c in self.consumers.values())})"
         )
+
+    def left(self) -> int:
+        """What the drain waits for: rows after the checkpoints, and messages on the queues."""
+        return self.backlog() + sum(c.pending() for c in self.consumers.values())
 
     def backlog(self) -> int:
         """Rows after each poller's checkpoint (the monitor's last sample), added up."""
