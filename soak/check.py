@@ -701,6 +701,11 @@ def main(argv: Sequence[str]) -> int:
             every = meta.get("checkpoint_every")
             command = f"python -m soak --seconds {meta['seconds']:g} --seed {meta['seed']} "
             command += "--no-sink" + (f" --checkpoint-every {every}" if every else "")
+        elif float(meta.get("fault_every", 4.0)) != 4.0:
+            command = (
+                f"python -m soak --db {meta.get('db', 'pg')} --seconds {meta['seconds']:g} "
+                f"--fault-every {float(meta['fault_every']):g} --seed {meta['seed']}"
+            )
         sys.stdout.write(report.markdown(command) + "\n")
     else:
         sys.stdout.write(report.summary() + "\n")
