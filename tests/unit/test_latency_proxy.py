@@ -78,6 +78,15 @@ def _recv_or_reset(sock: socket.socket) -> bytes:
         return b""
 
 
+def _send_and_recv_or_reset(sock: socket.socket) -> bytes:
+    """Send a byte and read: a connection reset already (before the send) gives ``b""``."""
+    try:
+        sock.sendall(b"x")
+    except (ConnectionResetError, BrokenPipeError):
+        return b""
+    return _recv_or_reset(sock)
+
+
 def _proxy_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("latency-proxy-")]
 
@@ -335,8 +344,7 @@ def test_a_refusing_proxy_resets_new_connections_and_keeps_open_ones(
         assert _recv_exactly(kept, 1) == b"1"
         proxy.refusing = True
         with socket.create_connection(proxy.address, timeout=5) as refused:
-            refused.sendall(b"x")
-            assert _recv_or_reset(refused) == b""
+            assert _send_and_recv_or_reset(refused) == b""
         kept.sendall(b"2")
         assert _recv_exactly(kept, 1) == b"2"  # an open connection goes on
         assert proxy.abort_all() == 1
@@ -362,8 +370,7 @@ def test_the_soaks_fault_proxies_obey_the_driver(echo: tuple[str, int], tmp_path
         deadline = time.monotonic() + 5
         while True:
             with socket.create_connection(("127.0.0.1", proxies.ports["b"]), timeout=5) as s:
-                s.sendall(b"x")
-                if _recv_or_reset(s) == b"":
+                if _send_and_recv_or_reset(s) == b"":
                     break
             assert time.monotonic() < deadline, "the refusal never took effect"
     finally:
