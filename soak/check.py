@@ -424,11 +424,17 @@ def _sink(folder: Path, commits: Mapping[Pair, float], parked: set[Pair], report
     counts = Counter(rows)
     twice = sorted(p for p, n in counts.items() if n > 1)
     report.sink_duplicates, report.sink_duplicate_examples = len(twice), twice[:EXAMPLES]
-    newest: dict[Row, int] = {}
-    for row, version in [*counts, *parked]:
-        newest[row] = max(version, newest.get(row, -1))
-    lost = sorted(p for p in commits if newest.get(p[0], -1) < p[1])
+    lost = _lost(commits, [*counts, *parked])
     report.sink_missing, report.sink_missing_examples = len(lost), lost[:EXAMPLES]
+
+
+def _lost(commits: Mapping[Pair, float], present: Iterable[Pair]) -> list[Pair]:
+    """The committed versions of which neither that version nor a later one of its id is
+    ``present`` (in a sink, on a queue, or quarantined)."""
+    newest: dict[Row, int] = {}
+    for row, version in present:
+        newest[row] = max(version, newest.get(row, -1))
+    return sorted(p for p in commits if newest.get(p[0], -1) < p[1])
 
 
 def _queue(folder: Path, commits: Mapping[Pair, float], parked: set[Pair], report: Report) -> None:
@@ -455,10 +461,7 @@ def _queue(folder: Path, commits: Mapping[Pair, float], parked: set[Pair], repor
     bad = [f"{p} carried {sorted(ids)}" for p, ids in ids_of.items() if len(ids) > 1]
     bad += [f"{e} named {sorted(ps)}" for e, ps in pairs_of.items() if len(ps) > 1]
     report.queue_bad_ids, report.queue_bad_id_examples = len(bad), bad[:EXAMPLES]
-    newest: dict[Row, int] = {}
-    for row, version in [*ids_of, *parked]:
-        newest[row] = max(version, newest.get(row, -1))
-    lost = sorted(p for p in commits if newest.get(p[0], -1) < p[1])
+    lost = _lost(commits, [*ids_of, *parked])
     report.queue_missing, report.queue_missing_examples = len(lost), lost[:EXAMPLES]
 
 

@@ -132,14 +132,20 @@ def _stamp(db: Db, rows: dict[int, str]) -> None:
             )
 
 
-def _poller(db: Db, seen: list[int], store: MemoryStateStore) -> PollerDefinition:
+def _poller(
+    db: Db,
+    seen: list[int],
+    store: MemoryStateStore,
+    cursor: str = "az_func_updated_at",
+    pk: str = "ProductId",
+) -> PollerDefinition:
     def handler(batch: Batch) -> None:
         seen.extend(int(c.pk) for c in batch)
 
     return PollerDefinition(
         config=PollerConfig(name="products"),
         schedule="* * * * * *",
-        source=SqlSource(url=db.url, table="Products", cursor="az_func_updated_at", pk="ProductId"),
+        source=SqlSource(url=db.url, table="Products", cursor=cursor, pk=pk),
         handler=handler,
         state=store,
     )
@@ -257,13 +263,7 @@ def test_what_does_not_fit_is_named_with_the_fix(trigger: Trigger, maria: Db) ->
             take_over(definition, {}, Request(dry_run=True))
     finally:
         other.drop()
-    wrong = PollerDefinition(
-        config=PollerConfig(name="products"),
-        schedule="* * * * * *",
-        source=SqlSource(url=maria.url, table="Products", cursor="Cost", pk="ProductId"),
-        handler=lambda batch: None,
-        state=MemoryStateStore(),
-    )
+    wrong = _poller(maria, [], MemoryStateStore(), cursor="Cost")
     with pytest.raises(ConfigurationError, match='cursor="az_func_updated_at"'):
         take_over(wrong, {}, Request(function_id=trigger.fid))
 
@@ -399,13 +399,7 @@ def test_the_leases_are_joined_on_the_tables_primary_key_not_the_pollers(
         conn.exec_driver_sql("UPDATE Products SET Sku = ProductId + 100")
     trigger.polled_up_to(1)
     trigger.leased(2, attempts=5)
-    definition = PollerDefinition(
-        config=PollerConfig(name="products"),
-        schedule="* * * * * *",
-        source=SqlSource(url=db.url, table="Products", cursor="az_func_updated_at", pk="Sku"),
-        handler=lambda batch: None,
-        state=MemoryStateStore(),
-    )
+    definition = _poller(db, [], MemoryStateStore(), pk="Sku")
     plan = take_over(definition, {}, Request(function_id=trigger.fid, dry_run=True))
     assert [r.pk for r in plan.given_up] == [(2,)]
 
