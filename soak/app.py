@@ -8,7 +8,8 @@ low-latency mode, ``poll_interval=0.2``, one run polling for most of its budget)
 ``sql``    a ``SqlSink`` into ``<table>_applied`` (exactly-once; on PostgreSQL in the server's
            ``postgres`` database, so an open sink transaction never holds the source's horizon)
 ``delta``  a ``DeltaSink`` into the Delta table ``SOAK_DELTA/<table>`` (exactly-once)
-``queue``  a ``QueueSink`` onto the Azurite queue ``SOAK_QUEUE`` (at-least-once)
+``queue``  a ``QueueSink`` onto the Azurite queue ``SOAK_QUEUE`` (at-least-once; 10 messages in
+           flight, the most it allows)
 ``none``   no sink: the next batch's handler runs while the previous batch's commit is in
            flight (the pipelined engine); ``SOAK_CHECKPOINT_EVERY`` coalesces its commits
 
@@ -87,7 +88,7 @@ def _define(name: str, table: str, mode: str, sink: str) -> None:
 
         on_changes = on_delta
     elif sink == "queue":
-        out = afdb.QueueSink(ENV["SOAK_QUEUE"])
+        out = afdb.QueueSink(ENV["SOAK_QUEUE"], concurrency=10)
 
         def on_queue(batch: afdb.Batch) -> None:
             handle(batch, lambda _rows: out.send(batch))

@@ -3,7 +3,8 @@ the queue's messages, taken off Azurite's queue as a consumer would while the so
 
 The consumer reads the queue directly (not through the fault proxy) and logs each message once
 per message id (``queue.jsonl``: the row's id and version, its ``event_id`` and the message id)
-before deleting it; a message whose delete failed comes back and is not logged again, so the
+before deleting it, several deletes at once (one at a time, the consumer and not the sink set
+the pace of a long soak); a message whose delete failed comes back and is not logged again, so the
 duplicates the checker counts are the sink's own (a batch sent again), not the consumer's.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,8 @@ from devkit.evidence import EvidenceLog
 
 #: Seconds a received message stays invisible (a failed delete shows it again after this).
 VISIBILITY = 20
+#: Messages deleted at once (a receive takes up to 32).
+DELETERS = 8
 
 
 def delta_rows(uri: str) -> list[list[Any]]:
@@ -49,6 +53,9 @@ class QueueConsumer:
         self.idle = threading.Event()  # the last receive found the queue empty
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="soak-queue", daemon=True)
+        # Deletes in flight at once: one at a time, the consumer (not the sink) set the pace.
+        self._pool = ThreadPoolExecutor(DELETERS, thread_name_prefix="soak-queue-delete")
+        self._lock = threading.Lock()
 
     def start(self) -> None:
         self._thread.start()
@@ -56,6 +63,7 @@ class QueueConsumer:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=30)
+        self._pool.shutdown(wait=True)
 
     def drained(self, quiet: float = 3.0) -> bool:
         """Whether the queue is empty now: a receive within ``quiet`` seconds found nothing, and
@@ -87,8 +95,7 @@ class QueueConsumer:
                 self.idle.set()
                 self._stop.wait(0.2)
                 continue
-            for message in messages:
-                self._take(message)
+            list(self._pool.map(self._take, messages))
 
     def pending(self) -> int:
         """Messages on the queue now (invisible ones included), 0 when it cannot be read."""
@@ -98,7 +105,10 @@ class QueueConsumer:
             return 0
 
     def _take(self, message: Any) -> None:
-        if message.id not in self.seen:
+        with self._lock:
+            first = message.id not in self.seen
+            self.seen.add(message.id)
+        if first:
             try:
                 body = json.loads(base64.b64decode(message.content))
                 row, event_id = [body["data"]["id"], body["data"]["version"]], body["event_id"]
@@ -106,7 +116,6 @@ class QueueConsumer:
                 self.log.write("bad_message", message=message.id, error=repr(exc)[:200])
             else:
                 self.log.write("message", row=row, event_id=event_id, message=message.id)
-            self.seen.add(message.id)
         try:
             self.client.delete_message(message)
         except Exception as exc:  # noqa: BLE001 - it comes back after VISIBILITY; logged once
