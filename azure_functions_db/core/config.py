@@ -75,6 +75,10 @@ class PollerConfig:
         chunk: Which backfill chunk this is (``Batch.chunk``); ``None`` for a live poller.
         hold_warning: Seconds an open transaction may hold rows back behind the horizon before
             each run logs it as a WARNING (``action=horizon_held``); below it, INFO.
+        group: For one shard of a sharded poller (``shards=``), the poller's own name: its
+            changes and their ``event_id`` carry it, the same in every shard and after a
+            reshard, while ``name`` (``orders.shard-1-of-4``) keys the shard's checkpoint,
+            lease, logs and health.
     """
 
     name: str
@@ -98,6 +102,7 @@ class PollerConfig:
     checkpoint_seconds: float | None = None
     poll_interval: float | None = None
     start: Literal["beginning", "now"] = "beginning"
+    group: str | None = None
 
     def __post_init__(self) -> None:
         values = {field.name: getattr(self, field.name) for field in fields(self)}
@@ -113,6 +118,11 @@ class PollerConfig:
             return None
         half_lease = self.lease_duration / 2
         return min(self.checkpoint_seconds or half_lease, half_lease)
+
+    @property
+    def changes_poller(self) -> str:
+        """The poller name the changes (and their ``event_id``) carry."""
+        return self.group or self.name
 
     @property
     def key(self) -> PollerKey:
@@ -235,6 +245,7 @@ class _Rules(BaseModel):
     ]
     poll_interval: Annotated[object, _positive("poll_interval", "seconds, e.g. 1", optional=True)]
     start: Annotated[object, _rule(_check_start)]
+    group: Annotated[object, _rule(partial(_check_name, "poller name"), optional=True)]
 
     @model_validator(mode="after")
     def _together(self) -> _Rules:

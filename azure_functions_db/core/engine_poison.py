@@ -353,7 +353,9 @@ class PoisonRuns:
             stored = self._read_record(record_id)  # again, under the lease
             record = stored.record
             self._replayable(record, again=again, lossy_ok=lossy_ok)
-            batch = record.batch(fence=claim.fence, attempt=record.replays + 1)
+            batch = record.batch(
+                fence=claim.fence, attempt=record.replays + 1, poller=cfg.changes_poller
+            )
             error: BaseException | None = None
             try:
                 self._invoke(batch, claim)

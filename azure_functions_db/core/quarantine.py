@@ -106,8 +106,13 @@ class QuarantineRecord:
         """This record in ``state``, with ``event`` appended to its history."""
         return replace(self, state=state, history=(*self.history, event))
 
-    def batch(self, *, fence: int, attempt: int) -> Batch:
-        """The rows as one batch again, for a replay under the lease holding ``fence``."""
+    def batch(self, *, fence: int, attempt: int, poller: str | None = None) -> Batch:
+        """The rows as one batch again, for a replay under the lease holding ``fence``;
+        ``poller`` names the poller the changes carry (their ``event_id``), when it is not the
+        record's key (a backfill chunk's or a shard's record)."""
+        changes = self.changes
+        if poller is not None and poller != self.key.poller:
+            changes = tuple(Change(c.data, c.position, poller, c.op) for c in changes)
         return Batch(
             poller=self.key.poller,
             namespace=self.key.namespace,
@@ -115,7 +120,7 @@ class QuarantineRecord:
             attempt=attempt,
             position_before=self.before,
             position_after=self.after,
-            changes=self.changes,
+            changes=changes,
         )
 
     @property

@@ -91,7 +91,7 @@ class BatchReader:
     def __init__(
         self, config: PollerConfig, source: Source, retrying: Retrying, log: LogEvent
     ) -> None:
-        self._limit, self._name = config.batch_size, config.name
+        self._limit, self._name = config.batch_size, config.changes_poller
         self._source = source
         self._retrying = retrying
         self._log = log

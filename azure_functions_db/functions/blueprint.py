@@ -6,6 +6,7 @@ This package is the only code that imports ``azure.functions``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import re
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from azure_functions_db.errors import (
 from azure_functions_db.functions.retry import FunctionsRetry
 from azure_functions_db.runtime.knobs import knob_settings
 from azure_functions_db.runtime.poller import PollerDefinition, validate_schedule
+from azure_functions_db.sources.shards import Shard, check_shards
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +78,7 @@ class PollerBlueprint(func.Blueprint):
         use_monitor: bool | None = None,
         retry: FunctionsRetry | None = None,
         hold_warning: float = 300.0,
+        shards: int | None = None,
     ) -> Callable[[H], H]:
         """Poll ``source`` on ``schedule`` and call the decorated handler with each batch.
 
@@ -147,6 +150,13 @@ class PollerBlueprint(func.Blueprint):
             hold_warning: Seconds an open transaction may hold rows back behind the horizon
                 before each run logs ``action=horizon_held`` as a WARNING (INFO before). The
                 run's status is ``held_by_horizon`` either way.
+            shards: Split the table over this many pollers (2-64), each its own timer
+                function, lease, checkpoint and health record, named ``<name>.shard-<i>-of-<N>``
+                (``afdb status`` lists them). A row goes to the shard of a stable hash of its
+                primary key, so its versions stay in one shard, in order; ``Change.poller`` and
+                ``event_id`` carry ``name`` in every shard. Needs a source that can shard
+                (``SqlSource``) and, for an index range per shard, the index ``afdb validate``
+                prints (``docs/scale.md``).
 
         Decorating only records and validates the configuration: it does no I/O (no database,
         no storage, no network), so importing ``function_app.py`` under a Functions host can
@@ -201,13 +211,6 @@ class PollerBlueprint(func.Blueprint):
                 '`afdb.FunctionsRetry("fixed_delay", max_retry_count=2, '
                 'delay_interval="00:00:30")`, or leave it unset.'
             )
-        fname = function_name_for(name)
-        if name in self.pollers or fname in self._function_names:
-            other = self._function_names.get(fname, name)
-            raise ConfigurationError(
-                f"Duplicate poller name `{name}` (clashes with `{other}`): each poller needs its "
-                "own stable name, since the name keys its checkpoint."
-            )
         if not isinstance(source, Source):
             raise ConfigurationError(
                 f"`source={source!r}` is not a source; pass e.g. "
@@ -221,41 +224,84 @@ class PollerBlueprint(func.Blueprint):
                 '`afdb.SqlSink(url="%TARGET_DB_URL%")`, or leave it unset.'
             )
         check_coalescing(config, sink=sink is not None)
+        parts = [(config, source)] if shards is None else _shards(config, source, shards)
+        for part, _ in parts:
+            self._check_unique(part.name)
 
         def decorate(handler: H) -> H:
             check_handler(handler, name, sink=sink is not None)
-            definition = PollerDefinition(
-                config=config,
-                schedule=schedule,
-                source=source,
-                handler=handler,
-                state=state,
-                sink=sink,
-                run_on_startup=run_on_startup,
-                use_monitor=use_monitor,
-                knobs=knobs,
-                defaults=defaults,
-            )
-            self.pollers[name] = definition
-            self._function_names[fname] = name
-            function: Any = self.timer_trigger(
-                arg_name="timer",
-                schedule=schedule,
-                run_on_startup=run_on_startup,
-                use_monitor=use_monitor,
-            )(_timer_function(definition, fname))
-            if retry is not None:
-                function = self.retry(
-                    strategy=retry.strategy,
-                    max_retry_count=str(retry.max_retry_count),
-                    delay_interval=retry.delay_interval,
-                    minimum_interval=retry.minimum_interval,
-                    maximum_interval=retry.maximum_interval,
-                )(function)
-            self.function_name(name=fname)(function)
+            for part, part_source in parts:
+                definition = PollerDefinition(
+                    config=part,
+                    schedule=schedule,
+                    source=part_source,
+                    handler=handler,
+                    state=state,
+                    sink=sink,
+                    run_on_startup=run_on_startup,
+                    use_monitor=use_monitor,
+                    knobs=knobs,
+                    defaults=defaults,
+                )
+                self._register(definition, retry)
             return handler
 
         return decorate
+
+    def _check_unique(self, name: str) -> None:
+        fname = function_name_for(name)
+        if name in self.pollers or fname in self._function_names:
+            other = self._function_names.get(fname, name)
+            raise ConfigurationError(
+                f"Duplicate poller name `{name}` (clashes with `{other}`): each poller needs its "
+                "own stable name, since the name keys its checkpoint."
+            )
+
+    def _register(self, definition: PollerDefinition, retry: FunctionsRetry | None) -> None:
+        name, fname = definition.name, function_name_for(definition.name)
+        schedule, run_on_startup = definition.schedule, definition.run_on_startup
+        use_monitor = definition.use_monitor
+        self.pollers[name] = definition
+        self._function_names[fname] = name
+        function: Any = self.timer_trigger(
+            arg_name="timer",
+            schedule=schedule,
+            run_on_startup=run_on_startup,
+            use_monitor=use_monitor,
+        )(_timer_function(definition, fname))
+        if retry is not None:
+            function = self.retry(
+                strategy=retry.strategy,
+                max_retry_count=str(retry.max_retry_count),
+                delay_interval=retry.delay_interval,
+                minimum_interval=retry.minimum_interval,
+                maximum_interval=retry.maximum_interval,
+            )(function)
+        self.function_name(name=fname)(function)
+
+
+def _shards(config: PollerConfig, source: Source, count: int) -> list[tuple[PollerConfig, Source]]:
+    """The ``count`` shard pollers of ``config``: each its own name, the source's shard."""
+    count = check_shards(count, config.name)
+    split = getattr(source, "shard", None)
+    if not callable(split):
+        raise ConfigurationError(
+            f"`shards={count}` (poller `{config.name}`) needs a source that can shard, e.g. "
+            f"`afdb.SqlSource(...)`; `{type(source).__name__}` cannot."
+        )
+    parts = []
+    for index in range(count):
+        shard = Shard(index, count)
+        name = shard.poller_name(config.name)
+        if len(name) > 63:
+            raise ConfigurationError(
+                f"Poller name `{config.name}` is too long for {count} shards: its shards are "
+                f"named `{name}`, at most 63 characters; shorten `name=`."
+            )
+        parts.append(
+            (dataclasses.replace(config, name=name, group=config.name), split(index, count))
+        )
+    return parts
 
 
 def _timer_function(definition: PollerDefinition, fname: str) -> Callable[[func.TimerRequest], Any]:

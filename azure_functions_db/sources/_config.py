@@ -26,6 +26,7 @@ from azure_functions_db.errors import (
     SourceDefinitionError,
 )
 from azure_functions_db.sources.keyset import RESERVED_PREFIX, KeysetQuery, text_filter
+from azure_functions_db.sources.shards import Shard, shard_term
 from azure_functions_db.sources.values import column_kind, python_kind
 
 _LISTED_TABLES = 10
@@ -311,8 +312,10 @@ def keyset_query(
     where: ColumnElement[bool] | TextClause | None,
     qualified: str,
     driver: str = "",
+    shard: tuple[Shard, sa.Dialect] | None = None,
 ) -> KeysetQuery:
-    """The statements of a source over the reflected ``table``; errors name what is missing."""
+    """The statements of a source over the reflected ``table``; errors name what is missing.
+    A ``shard`` (with the dialect that renders its term) adds its predicate to the filter."""
     cursor_columns = [table_column(table, name, "cursor") for name in cursor]
     if pk is not None:
         pk_columns = [table_column(table, name, "pk") for name in pk]
@@ -334,6 +337,9 @@ def keyset_query(
         selected += [flag] if flag not in selected else []
     resolved = resolve_where(where, table, selected, qualified)
     check_round_trip((*cursor_columns, *pk_columns), qualified, dialect=dialect, driver=driver)
+    term = None if shard is None else shard_term(table, shard[1], pk_columns, shard[0])
+    if term is not None:
+        resolved = term.predicate() if resolved is None else sa.and_(resolved, term.predicate())
     return KeysetQuery(
         table,
         selected=selected,
@@ -343,6 +349,7 @@ def keyset_query(
         # Row values are an index condition on the whole key on PostgreSQL only (see
         # _keyset): MariaDB scans the index with them and SQL Server has none.
         row_values=dialect == "postgresql",
+        shard=term,
     )
 
 

@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mssql
 from sqlalchemy.sql.elements import ColumnElement, Grouping
 
 from azure_functions_db.core.position import KeyValue, Position
+
+if TYPE_CHECKING:
+    from azure_functions_db.sources.shards import ShardTerm
 
 #: Where a batch starts: from the beginning, strictly after a full key, or at a cursor value
 #: (a position without pk values sorts before every row with that cursor).
@@ -136,8 +139,10 @@ class KeysetQuery:
         pk: Sequence[sa.Column[Any]],
         where: ColumnElement[bool] | None,
         row_values: bool = False,
+        shard: ShardTerm | None = None,
     ) -> None:
         self.table = table
+        self.shard = shard  # already in ``where``; kept for the index check and description
         self.row_values = row_values
         self.selected = tuple(selected)
         self.cursor = tuple(cursor)

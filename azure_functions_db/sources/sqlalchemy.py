@@ -14,6 +14,7 @@ input to ``seek --cursor``. Aware columns (``timestamptz``, ``datetimeoffset``) 
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import logging
 from collections.abc import Iterator, Mapping, Sequence
@@ -35,7 +36,6 @@ from azure_functions_db.errors import (
     AfdbError,
     CodecError,
     ConfigurationError,
-    NullCursorError,
     SourceDefinitionError,
     SourceError,
 )
@@ -44,7 +44,7 @@ from azure_functions_db.sources import _config as config
 from azure_functions_db.sources import _lag as backlog
 from azure_functions_db.sources import _sqlite_times as sqlite_times
 from azure_functions_db.sources import _zones as zones
-from azure_functions_db.sources import engines, entra, health, urls
+from azure_functions_db.sources import engines, entra, health, shards, urls
 from azure_functions_db.sources._errors import translate
 from azure_functions_db.sources._horizon import (
     AutoHorizon,
@@ -154,7 +154,8 @@ class SqlSource:
             )
         self._engine_options = dict(engine_options or {})
         self._connect_timeout = engines.check_connect_timeout(connect_timeout)
-        self._horizon = horizon_strategy(horizon)
+        self._horizon, self._horizon_given = horizon_strategy(horizon), horizon
+        self._shard: shards.Shard | None = None
         self._clock: Clock = clock or SystemClock()
         self._text_times: list[sqlite_times.TextDateTime] = []
         self._engine: sa.Engine | None = None
@@ -179,7 +180,7 @@ class SqlSource:
             table=self._qualified,
             cursor=self._cursor_names,
             pk=self._pk_names or (),
-            where=self._where_print,
+            where=shards.described(self._where_print, None, self._shard),
         )
 
     @property
@@ -210,6 +211,19 @@ class SqlSource:
     def pk_columns(self) -> tuple[sa.Column[Any], ...]:
         """The reflected pk columns; raises if the source is not open."""
         return self._require_open().pk
+
+    def shard(self, index: int, count: int) -> SqlSource:
+        """Shard ``index`` of ``count`` of this source (:mod:`~.shards`): an unopened copy
+        that reads only its shard's rows, with its own horizon strategy (shared if one object
+        was passed as ``horizon=``)."""
+        if self._query is not None or self._shard is not None:
+            raise ConfigurationError("shard a source once, before it is opened")
+        part = copy.copy(self)
+        part._shard, part._horizon = (
+            shards.Shard(index, count),
+            horizon_strategy(self._horizon_given),
+        )
+        return part
 
     # -- the Source port ---------------------------------------------------------------------
 
@@ -250,7 +264,7 @@ class SqlSource:
                 table=self._qualified,
                 cursor=self._cursor_names,
                 pk=tuple(c.name for c in self._query.pk),
-                where=self._where_print,
+                where=shards.described(self._where_print, self._query.shard),
                 columns=names,
             )
             with self._db_errors("horizon"):  # a connection lost here is transient too
@@ -339,34 +353,20 @@ class SqlSource:
         return parse_cursor(text, self._require_open().cursor, self._zone, self._qualified)
 
     def check(self) -> SourceHealth:
-        """Count NULL-cursor rows (raising ``NullCursorError`` if so configured); check indexes."""
+        """Count NULL-cursor rows (raising ``NullCursorError`` if so configured); check indexes
+        (and a shard's generated column): see :func:`.health.findings`."""
         query = self._require_open()
         with self._db_errors("check"), self.engine.connect() as conn:
-            counts = conn.execute(query.null_counts(), dict(self._params)).one()
-            findings = [
-                health.index_warning(conn, query, self._qualified, self._schema),
-            ]
+            null_rows, warnings = health.findings(
+                conn,
+                query,
+                self._params,
+                qualified=self._qualified,
+                schema=self._schema,
+                raise_on_null=self._on_null_cursor == "raise",
+                logger=logger,
+            )
             sqlite_times.recheck(conn, query.table, self._text_times, self._qualified)
-        warnings: list[str] = []
-        null_rows = int(counts[0])
-        if null_rows:
-            nulls = ", ".join(
-                f"`{column.name}`"
-                for column, count in zip(query.cursor, counts[1:], strict=True)
-                if count
-            )
-            if self._on_null_cursor == "raise":
-                raise NullCursorError(self._qualified, nulls.replace("`", ""), null_rows)
-            logger.warning(
-                "action=null_cursor table=%s columns=%s rows=%s", self._qualified, nulls, null_rows
-            )
-            warnings.append(
-                f"{null_rows} row(s) of `{self._qualified}` have a NULL cursor ({nulls}) and are "
-                "never delivered: give them a cursor value, or exclude them with `where=`."
-            )
-        warnings.extend(finding for finding in findings if finding)
-        for warning in warnings[1 if null_rows else 0 :]:
-            logger.warning("action=source_check table=%s warning=%s", self._qualified, warning)
         return SourceHealth(null_cursor_rows=null_rows, warnings=tuple(warnings))
 
     def describe_order(self) -> list[str]:
@@ -439,6 +439,7 @@ class SqlSource:
             soft_delete=self._soft_delete,
             where=self._where,
             qualified=self._qualified,
+            shard=None if self._shard is None else (self._shard, dialect),
         )
 
     def _check_position(self, after: Position | None, query: KeysetQuery) -> None:

@@ -1,0 +1,216 @@
+"""Sharded sources: one table split over N pollers by a stable hash of the primary key.
+
+Shard ``i`` of ``N`` reads the rows whose shard value is ``i``. The value is computed by the
+database, from the primary key alone, so every version of a row lands in the same shard and is
+delivered there in order. Each value is in ``0 .. N-1`` (a NULL key component hashes as 0), so
+every row belongs to exactly one shard.
+
+The shard value is either
+
+- the column ``afdb_shard_<N>`` when the table has one (it must be a generated/computed column:
+  MariaDB and SQL Server index an expression only that way), or
+- the expression below, matched by an expression (functional) index on PostgreSQL, MySQL 8 and
+  SQLite.
+
+Per dialect (``k`` the pk, several columns joined with ``'|'``)::
+
+    postgresql  mod(coalesce(hashtext(CAST(k AS text))::bigint, 0) + 2147483648, N)
+    mysql       MOD(COALESCE(CRC32(k), 0), N)          (MariaDB too)
+    mssql       (COALESCE(CAST(CHECKSUM(k) AS BIGINT), 0) + 2147483648) % N
+    sqlite      ((COALESCE(k, 0) % N) + N) % N          (one integer pk column: no hash)
+
+The expression is SQL text with its constants inline (never bound), so the planner matches it
+to the index built from :func:`ddl`, and the keyset stays an index range on
+``(shard, cursor..., pk...)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.sql.elements import ColumnElement
+
+from azure_functions_db.errors import ConfigurationError, SourceDefinitionError
+
+#: The most shards one poller may have (each is its own timer function, lease and checkpoint).
+MAX_SHARDS = 64
+#: The bound parameter of the shard's own value.
+SHARD_PARAM = "afdb_shard"
+
+
+def check_shards(value: object, poller: object) -> int:
+    """``shards=`` of a poller: a whole number from 2 to :data:`MAX_SHARDS`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 2 <= value <= MAX_SHARDS:
+        raise ConfigurationError(
+            f"`shards={value!r}` (poller `{poller}`) must be a whole number from 2 to "
+            f"{MAX_SHARDS}: the pollers the table is split over (leave it out for one)."
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Shard ``index`` (from 0) of ``count``."""
+
+    index: int
+    count: int
+
+    def __post_init__(self) -> None:
+        check_shards(self.count, "?")
+        if isinstance(self.index, bool) or not isinstance(self.index, int):
+            raise ConfigurationError(f"shard index {self.index!r} must be a whole number")
+        if not 0 <= self.index < self.count:
+            raise ConfigurationError(
+                f"shard {self.index} does not exist among {self.count} (0 to {self.count - 1})"
+            )
+
+    @property
+    def suffix(self) -> str:
+        """What a shard's poller name ends with: ``shard-1-of-4``."""
+        return f"shard-{self.index}-of-{self.count}"
+
+    @property
+    def column(self) -> str:
+        """The generated column that may hold the shard values of ``count`` shards."""
+        return f"afdb_shard_{self.count}"
+
+    def poller_name(self, group: str) -> str:
+        """The shard's poller name (its checkpoint, lease and function): ``orders.shard-1-of-4``."""
+        return f"{group}.{self.suffix}"
+
+    def describe(self, term: str) -> str:
+        """How the checkpoint's source description records the shard."""
+        return f"shard {self.index} of {self.count}: {term}"
+
+
+def _mariadb(dialect: sa.Dialect) -> bool:
+    return bool(getattr(dialect, "is_mariadb", False))
+
+
+def expression_text(dialect: sa.Dialect, pk: Sequence[sa.Column[Any]], count: int) -> str:
+    """The shard expression of ``pk`` over ``count`` shards, as this dialect's SQL text."""
+    quote = dialect.identifier_preparer.quote
+    names = [quote(column.name) for column in pk]
+    name = dialect.name
+    if name == "postgresql":
+        key = " || '|' || ".join(f"CAST({n} AS text)" for n in names)
+        return f"mod(coalesce(hashtext({key})::bigint, 0) + 2147483648, {count})"
+    if name in ("mysql", "mariadb"):
+        key = names[0] if len(names) == 1 else f"CONCAT_WS('|', {', '.join(names)})"
+        return f"MOD(COALESCE(CRC32({key}), 0), {count})"
+    if name == "mssql":
+        return f"(COALESCE(CAST(CHECKSUM({', '.join(names)}) AS BIGINT), 0) + 2147483648) % {count}"
+    if name == "sqlite":
+        if len(pk) != 1 or not _integer(pk[0]):
+            raise SourceDefinitionError(
+                f"SQLite has no hash function to shard on the key ({', '.join(c.name for c in pk)})"
+                f": shard on one integer pk column, or add a generated column "
+                f"`afdb_shard_{count}` holding 0 to {count - 1} (see docs/scale.md)."
+            )
+        return f"((COALESCE({names[0]}, 0) % {count}) + {count}) % {count}"
+    raise SourceDefinitionError(
+        f"Sharding has no hash expression for the `{name}` dialect: add a generated column "
+        f"`afdb_shard_{count}` holding 0 to {count - 1} from the primary key (see docs/scale.md)."
+    )
+
+
+def _integer(column: sa.Column[Any]) -> bool:
+    try:
+        return column.type.python_type is int
+    except NotImplementedError:
+        return False
+
+
+@dataclass(frozen=True)
+class ShardTerm:
+    """What a shard's rows are selected by: the generated column, or the expression."""
+
+    shard: Shard
+    sql: ColumnElement[Any]
+    text: str
+    column: str | None  # the generated column's name, when the term is one
+
+    def predicate(self) -> ColumnElement[bool]:
+        """``<term> = :afdb_shard`` (the shard's own value, bound)."""
+        return self.sql == sa.bindparam(SHARD_PARAM, self.shard.index, type_=sa.Integer)
+
+    @property
+    def index_lead(self) -> str | None:
+        """The first column of the index that serves the shard (``None``: an expression)."""
+        return self.column
+
+
+def shard_term(
+    table: sa.Table, dialect: sa.Dialect, pk: Sequence[sa.Column[Any]], shard: Shard
+) -> ShardTerm:
+    """The shard's term over the reflected ``table``: its ``afdb_shard_<N>`` column if it has
+    one (which must be generated), else the dialect's expression."""
+    name = shard.column
+    column = next((c for c in table.columns if c.name.lower() == name), None)
+    if column is not None:
+        if column.computed is None:
+            raise SourceDefinitionError(
+                f"Column `{table.name}.{column.name}` must be a generated (computed) column, so "
+                "every row written gets its shard: recreate it as `afdb validate` prints, or "
+                "drop it to shard on the expression."
+            )
+        return ShardTerm(shard, column, dialect.identifier_preparer.quote(column.name), column.name)
+    text = expression_text(dialect, pk, shard.count)
+    return ShardTerm(shard, sa.literal_column(text, type_=sa.Integer), text, None)
+
+
+def described(where: str | None, term: ShardTerm | None, shard: Shard | None = None) -> str | None:
+    """The ``where`` of a source's description, with its shard (its term once it is open)."""
+    if term is not None:
+        text = term.shard.describe(term.text)
+    elif shard is not None:
+        text = f"shard {shard.index} of {shard.count}"
+    else:
+        return where
+    return text if where is None else f"{where} AND {text}"
+
+
+def strays(conn: sa.Connection, table: sa.Table, term: ShardTerm) -> int:
+    """Rows whose generated shard column holds no shard's value (NULL or outside 0..N-1): no
+    shard would ever read them. Always 0 for the expression."""
+    if term.column is None:
+        return 0
+    column = table.c[term.column]
+    outside = sa.or_(column.is_(None), column < 0, column >= term.shard.count)
+    return int(
+        conn.execute(sa.select(sa.func.count()).select_from(table).where(outside)).scalar_one()
+    )
+
+
+def ddl(
+    dialect: sa.Dialect,
+    *,
+    table: str,
+    bare: str,
+    cursor: Sequence[str],
+    pk: Sequence[sa.Column[Any]],
+    count: int,
+) -> list[str]:
+    """The statements that give ``count`` shards an index range each: an expression index
+    (PostgreSQL, MySQL 8, SQLite) or a generated column and its index (MariaDB, SQL Server)."""
+    quote = dialect.identifier_preparer.quote
+    text = expression_text(dialect, pk, count)
+    rest = ", ".join(quote(c) for c in (*cursor, *(c.name for c in pk)))
+    index = f"ix_{bare}_afdb_shard_{count}"
+    column = f"afdb_shard_{count}"
+    if dialect.name == "postgresql":
+        return [f"CREATE INDEX CONCURRENTLY {index} ON {table} (({text}), {rest})"]
+    if dialect.name in ("mysql", "mariadb") and _mariadb(dialect):
+        return [
+            f"ALTER TABLE {table} ADD COLUMN {column} SMALLINT AS ({text}) VIRTUAL, "
+            f"ADD INDEX {index} ({column}, {rest})"
+        ]
+    if dialect.name == "mssql":
+        return [
+            f"ALTER TABLE {table} ADD {column} AS ({text}) PERSISTED",
+            f"CREATE INDEX {index} ON {table} ({column}, {rest})",
+        ]
+    return [f"CREATE INDEX {index} ON {table} (({text}), {rest})"]
