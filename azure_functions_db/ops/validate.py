@@ -338,6 +338,7 @@ class _Validation:
                     pk=pk,
                     qualified=source.description.table,
                     schema=table.schema,
+                    shard=source.shard_term,
                 )
         except sa.exc.SQLAlchemyError as exc:
             cause = getattr(exc, "orig", None) or exc

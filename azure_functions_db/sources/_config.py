@@ -205,7 +205,9 @@ def reflect_table(
     for reflected in inspector.get_columns(name, schema=schema):
         column: dict[str, Any] = dict(reflected)
         options = {k: column[k] for k in ("nullable", "quote", "key") if k in column}
-        columns.append(sa.Column(column["name"], column["type"], **options))
+        computed = column.get("computed")  # a generated column (a shard's, see shards.py)
+        extra = [sa.Computed(computed["sqltext"], computed.get("persisted"))] if computed else []
+        columns.append(sa.Column(column["name"], column["type"], *extra, **options))
     constraints = []
     if primary_key:
         found = inspector.get_pk_constraint(name, schema=schema).get("constrained_columns")
@@ -299,6 +301,21 @@ def check_round_trip(
                 "select its own row. Use a `rowversion` cursor, or a `datetime2(6)` column "
                 f"(`ALTER TABLE {qualified} ALTER COLUMN {column.name} datetime2(6)`)."
             )
+
+
+def check_position(
+    after: Position | None, query: KeysetQuery, qualified: str, pk: Sequence[str]
+) -> None:
+    """Refuse a position that does not fit the source's key (a changed ``cursor=``/``pk=``)."""
+    if after is None:
+        return
+    if len(after.cursor) != len(query.cursor) or len(after.pk) not in (0, len(query.pk)):
+        raise SourceDefinitionError(
+            f"Position {after} does not fit the source of `{qualified}` (cursor "
+            f"{[c.name for c in query.cursor]}, pk {list(pk)}): was `cursor=` or "
+            "`pk=` changed? Move the poller with `afdb seek` to continue."
+        )
+    check_position_types(after, (*query.cursor, *query.pk), qualified)
 
 
 def keyset_query(

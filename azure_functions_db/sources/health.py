@@ -7,11 +7,13 @@ term in front for a sharded source), rows no shard reads.
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
 
 from azure_functions_db.errors import NullCursorError
 from azure_functions_db.sources import shards
@@ -42,7 +44,10 @@ class KeysetIndex:
 
     @property
     def statement(self) -> str:
-        """A ``CREATE INDEX`` statement that would support the keyset query."""
+        """A ``CREATE INDEX`` statement (or for a shard, the statements) that would support the
+        keyset query."""
+        if self.create:
+            return "; ".join(self.create)
         listed = ", ".join(self.columns)
         return f"CREATE INDEX ix_{self.name}_keyset ON {self.table} ({listed})"
 
@@ -51,10 +56,9 @@ class KeysetIndex:
         """The warning ``SqlSource.check()`` reports when no index supports the query."""
         if self.ok:
             return None
-        fix = "; ".join(self.create) or self.statement
         return (
             f"No index of `{self.table}` starts with ({', '.join(self.columns)}): every batch may "
-            f"scan the table. Create one, e.g. `{fix}`."
+            f"scan the table. Create one, e.g. `{self.statement}`."
         )
 
 
@@ -71,10 +75,10 @@ def keyset_index(
     """Look for an index (or the primary key) of ``table`` starting with (cursor..., pk...),
     behind a shard's column or expression (``None`` in an index's columns) for a shard."""
     inspector = sa.inspect(conn)
-    candidates = [
-        (str(index["name"]), list(index["column_names"]))
-        for index in inspector.get_indexes(table.name, schema=schema)
-    ]
+    with warnings.catch_warnings():  # SQLite's expression indexes: read below instead
+        warnings.simplefilter("ignore", sa_exc.SAWarning)
+        reflected = inspector.get_indexes(table.name, schema=schema)
+    candidates = [(str(index["name"]), list(index["column_names"])) for index in reflected]
     if conn.dialect.name == "sqlite":  # SQLAlchemy does not reflect expression indexes there
         candidates += _sqlite_expression_indexes(conn, table.name)
     primary = inspector.get_pk_constraint(table.name, schema=schema)
@@ -85,16 +89,20 @@ def keyset_index(
     if shard is not None:
         prefix = [shard.column, *wanted]
         wanted = (shard.column or shard.text, *wanted)
-        create = tuple(
-            shards.ddl(
-                conn.dialect,
-                table=qualified,
-                bare=table.name,
-                cursor=[c.name for c in cursor],
-                pk=pk,
-                count=shard.shard.count,
+        if shard.column is None:
+            create = tuple(
+                shards.ddl(
+                    conn.dialect,
+                    table=qualified,
+                    bare=table.name,
+                    cursor=[c.name for c in cursor],
+                    pk=pk,
+                    count=shard.shard.count,
+                )
             )
-        )
+        else:  # the generated column exists: only its index is missing
+            listed = ", ".join(c for c in wanted if c)
+            create = (f"CREATE INDEX ix_{table.name}_{shard.column} ON {qualified} ({listed})",)
     found = next((name for name, columns in candidates if columns[: len(prefix)] == prefix), None)
     return KeysetIndex(table=qualified, name=table.name, columns=wanted, index=found, create=create)
 

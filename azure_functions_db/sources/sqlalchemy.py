@@ -36,7 +36,6 @@ from azure_functions_db.errors import (
     AfdbError,
     CodecError,
     ConfigurationError,
-    SourceDefinitionError,
     SourceError,
 )
 from azure_functions_db.sources import _collations as collations
@@ -212,10 +211,14 @@ class SqlSource:
         """The reflected pk columns; raises if the source is not open."""
         return self._require_open().pk
 
+    @property
+    def shard_term(self) -> shards.ShardTerm | None:
+        """A shard's column or expression (``None`` unsharded); raises if not open."""
+        return self._require_open().shard
+
     def shard(self, index: int, count: int) -> SqlSource:
-        """Shard ``index`` of ``count`` of this source (:mod:`~.shards`): an unopened copy
-        that reads only its shard's rows, with its own horizon strategy (shared if one object
-        was passed as ``horizon=``)."""
+        """Shard ``index`` of ``count`` (:mod:`~.shards`): an unopened copy reading only its
+        rows, with its own horizon strategy (shared if ``horizon=`` passed an object)."""
         if self._query is not None or self._shard is not None:
             raise ConfigurationError("shard a source once, before it is opened")
         part = copy.copy(self)
@@ -443,15 +446,7 @@ class SqlSource:
         )
 
     def _check_position(self, after: Position | None, query: KeysetQuery) -> None:
-        if after is None:
-            return
-        if len(after.cursor) != len(query.cursor) or len(after.pk) not in (0, len(query.pk)):
-            raise SourceDefinitionError(
-                f"Position {after} does not fit the source of `{self._qualified}` (cursor "
-                f"{list(self._cursor_names)}, pk {list(self.description.pk)}): was `cursor=` or "
-                "`pk=` changed? Move the poller with `afdb seek` to continue."
-            )
-        config.check_position_types(after, (*query.cursor, *query.pk), self._qualified)
+        config.check_position(after, query, self._qualified, self.description.pk)
 
     def _select(self, after: Position | None, limit: int, horizon: Horizon) -> Sequence[Any]:
         query = self._require_open()
