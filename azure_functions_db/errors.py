@@ -411,11 +411,8 @@ class TransientSinkError(SinkError):
 
 
 class LeaseHeldError(AfdbError):
-    """Another owner holds the poller's lease. Operator commands (seek) need it free.
-
-    Wait for the running instance to finish (leases are released at the end of every run, or
-    expire after their duration) and retry.
-    """
+    """Another owner holds the poller's lease, which an operator command (seek) needs: wait for
+    its run to end (or the lease to expire after its duration) and retry."""
 
     def __init__(self, poller: str, namespace: str, holder: str | None) -> None:
         self.holder = holder
@@ -426,6 +423,11 @@ class LeaseHeldError(AfdbError):
             poller=poller,
             namespace=namespace,
         )
+
+
+class ReshardError(AfdbError):
+    """A run refused (every time, until an operator acts): the poller was retired by ``afdb
+    reshard``, or is a new shard waiting for it to be positioned (``docs/scale.md``)."""
 
 
 class HandlerContractError(AfdbError, TypeError):

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from azure_functions_db.core.position import Position, decode_value, encode_value
+from azure_functions_db.core.retirement import Retirement
 from azure_functions_db.errors import CodecError, PositionNotForwardError, StaleFenceError
 
 SCHEMA_VERSION = 1
@@ -213,6 +214,7 @@ class Checkpoint:
     seek: SeekAudit | None = None
     health: RunHealth | None = None
     transient_failures: int = 0
+    retired: Retirement | None = None  # by ``afdb reshard``: its runs then refuse
 
     def fenced(self, fence: int, source: SourceDescription | None = None) -> Checkpoint:
         """This record claimed by the owner holding ``fence`` (the write right after acquire).
@@ -358,6 +360,7 @@ class Checkpoint:
             last_error=None,
             seek=audit,
             source=source if source is not None else self.source,
+            retired=None,  # a seek is how an operator brings a retired poller back
         )
 
 
@@ -381,6 +384,7 @@ def encode_checkpoint(cp: Checkpoint) -> bytes:
         },
         "seek": cp.seek.to_json() if cp.seek else None,
         "health": cp.health.to_json() if cp.health else None,
+        **({"retired": cp.retired.to_json()} if cp.retired else {}),
     }
     return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
@@ -427,6 +431,7 @@ def decode_checkpoint(data: bytes) -> Checkpoint:
         ),
         seek=SeekAudit.from_json(seek) if seek is not None else None,
         health=RunHealth.from_json(health) if health is not None else None,
+        retired=Retirement.from_json(doc["retired"]) if doc.get("retired") else None,
     )
 
 

@@ -79,6 +79,11 @@ class PollerConfig:
             changes and their ``event_id`` carry it, the same in every shard and after a
             reshard, while ``name`` (``orders.shard-1-of-4``) keys the shard's checkpoint,
             lease, logs and health.
+        resharded_from: The shard count this poller's rows came from (1: the unsharded poller
+            ``group or name``): until ``afdb reshard`` positions it, a run without a position
+            refuses (``ReshardError``) instead of starting from ``start``.
+        draining: Set by ``afdb reshard`` only: a run of a retired poller that delivers its
+            last rows, up to where the new shards start.
     """
 
     name: str
@@ -103,6 +108,8 @@ class PollerConfig:
     poll_interval: float | None = None
     start: Literal["beginning", "now"] = "beginning"
     group: str | None = None
+    resharded_from: int | None = None
+    draining: bool = False
 
     def __post_init__(self) -> None:
         values = {field.name: getattr(self, field.name) for field in fields(self)}
@@ -155,6 +162,14 @@ def _check_positive(what: str, value: object, hint: str, *, integer: bool = Fals
     ):
         kind = "integer" if integer else "number"
         raise ConfigurationError(f"`{what}={value!r}` must be a positive {kind} ({hint}).")
+
+
+def _check_resharded_from(value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 64:
+        raise ConfigurationError(
+            f"`resharded_from={value!r}` must be the shard count the rows came from, 1 (the "
+            "unsharded poller) to 64."
+        )
 
 
 def _check_flag(what: str, value: object) -> None:
@@ -246,6 +261,8 @@ class _Rules(BaseModel):
     poll_interval: Annotated[object, _positive("poll_interval", "seconds, e.g. 1", optional=True)]
     start: Annotated[object, _rule(_check_start)]
     group: Annotated[object, _rule(partial(_check_name, "poller name"), optional=True)]
+    resharded_from: Annotated[object, _rule(_check_resharded_from, optional=True)]
+    draining: Annotated[object, _rule(partial(_check_flag, "draining"))]
 
     @model_validator(mode="after")
     def _together(self) -> _Rules:

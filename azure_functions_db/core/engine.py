@@ -15,6 +15,7 @@ import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from azure_functions_db.core import reshard
 from azure_functions_db.core.batch import Batch, Change, RowChanges
 from azure_functions_db.core.checkpoint import Checkpoint
 from azure_functions_db.core.claim import Claim, Claimer, start_now
@@ -178,7 +179,7 @@ class Engine(PoisonRuns, HealthRuns):
             check_source=lambda old: check_source_change(old, desc, cfg.key, self._log),
             on_acquired=acquired,
             initial=None
-            if cfg.start != "now"
+            if cfg.start != "now" or cfg.resharded_from is not None
             else lambda: start_now(self.source, cfg.key, self.clock, self._retrying, self._log),
         ) as claim:
             if claim is None:
@@ -186,6 +187,8 @@ class Engine(PoisonRuns, HealthRuns):
                 report.status, report.holder, report.fence = "lease_held", info.holder, info.fence
                 self._log(logging.INFO, "lease_held", holder=info.holder, lease_fence=info.fence)
                 return
+            if (refused := reshard.refusal(claim.checkpoint, cfg)) is not None:
+                raise refused
             self._health_check(report)
             self._catch_up_with_sink(claim)
             self._loop(claim, started, report)

@@ -25,7 +25,7 @@ from azure_functions_db.errors import (
 )
 from azure_functions_db.functions.retry import FunctionsRetry
 from azure_functions_db.runtime.knobs import knob_settings
-from azure_functions_db.runtime.poller import PollerDefinition, validate_schedule
+from azure_functions_db.runtime.poller import PollerDefinition, ShardGroup, validate_schedule
 from azure_functions_db.sources.shards import Shard, check_shards
 
 logger = logging.getLogger(__name__)
@@ -79,6 +79,7 @@ class PollerBlueprint(func.Blueprint):
         retry: FunctionsRetry | None = None,
         hold_warning: float = 300.0,
         shards: int | None = None,
+        resharded_from: int | None = None,
     ) -> Callable[[H], H]:
         """Poll ``source`` on ``schedule`` and call the decorated handler with each batch.
 
@@ -157,6 +158,11 @@ class PollerBlueprint(func.Blueprint):
                 ``event_id`` carry ``name`` in every shard. Needs a source that can shard
                 (``SqlSource``) and, for an index range per shard, the index ``afdb validate``
                 prints (``docs/scale.md``).
+            resharded_from: The shard count the table was split over before (1: this poller
+                unsharded) when ``shards`` changed: the new pollers wait (each run fails with
+                ``ReshardError``) until ``afdb reshard APP --poller NAME`` drains the old ones to
+                one position and starts the new ones there, with no gap and nothing delivered
+                twice. Ignored by a poller that has a position.
 
         Decorating only records and validates the configuration: it does no I/O (no database,
         no storage, no network), so importing ``function_app.py`` under a Functions host can
@@ -203,6 +209,7 @@ class PollerBlueprint(func.Blueprint):
             checkpoint_seconds=checkpoint_seconds,
             hold_warning=hold_warning,
             start=start,
+            resharded_from=resharded_from,
         )
         validate_schedule(schedule, name)
         if retry is not None and not isinstance(retry, FunctionsRetry):
@@ -225,6 +232,12 @@ class PollerBlueprint(func.Blueprint):
             )
         check_coalescing(config, sink=sink is not None)
         parts = [(config, source)] if shards is None else _shards(config, source, shards)
+        if resharded_from is not None and resharded_from == (shards or 1):
+            raise ConfigurationError(
+                f"`resharded_from={resharded_from}` (poller `{name}`) must differ from the shard "
+                f"count now ({shards or 1}): it is the count before the reshard."
+            )
+        group = ShardGroup(name, source, shards or 1, resharded_from)
         for part, _ in parts:
             self._check_unique(part.name)
 
@@ -242,6 +255,7 @@ class PollerBlueprint(func.Blueprint):
                     use_monitor=use_monitor,
                     knobs=knobs,
                     defaults=defaults,
+                    group=group,
                 )
                 self._register(definition, retry)
             return handler

@@ -122,6 +122,18 @@ def default_state_store(settings: Mapping[str, str]) -> StateStore:
     return store
 
 
+@dataclass(frozen=True, eq=False)
+class ShardGroup:
+    """The pollers one decorator defines over one table (``shards=``, ``resharded_from=``):
+    ``source`` unsharded, ``count`` shards (1: not sharded), ``resharded_from`` the count before
+    a reshard (``None``: none pending)."""
+
+    name: str
+    source: Source
+    count: int
+    resharded_from: int | None = None
+
+
 @dataclass(eq=False)
 class PollerDefinition:
     """Everything one decorated poller needs to run."""
@@ -137,6 +149,7 @@ class PollerDefinition:
     clock: Clock = field(default_factory=SystemClock)
     knobs: Mapping[str, str] = field(default_factory=dict)  # knob -> setting name
     defaults: frozenset[str] = frozenset()  # knobs the decorator left at their defaults
+    group: ShardGroup | None = None  # the pollers of one decorator, for ``afdb reshard``
     _engine: Engine | None = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 

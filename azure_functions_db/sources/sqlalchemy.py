@@ -219,9 +219,10 @@ class SqlSource:
     def shard(self, index: int, count: int) -> SqlSource:
         """Shard ``index`` of ``count`` (:mod:`~.shards`): an unopened copy reading only its
         rows, with its own horizon strategy (shared if ``horizon=`` passed an object)."""
-        if self._query is not None or self._shard is not None:
-            raise ConfigurationError("shard a source once, before it is opened")
+        if self._shard is not None:
+            raise ConfigurationError("shard an unsharded source")
         part = copy.copy(self)
+        part._engine = part._query = part._description = None  # its own, when it opens
         part._shard, part._horizon = (
             shards.Shard(index, count),
             horizon_strategy(self._horizon_given),

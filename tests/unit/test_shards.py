@@ -282,10 +282,20 @@ def test_a_source_that_cannot_shard_and_a_name_too_long_are_named(tmp_path):
     assert db.pollers == {}
 
 
-def test_a_source_is_sharded_once_before_it_opens():
-    source = afdb.SqlSource(url="sqlite://", table="t", cursor="c", pk="id")
+def test_a_shard_is_its_own_unopened_source_and_not_sharded_again(orders):
+    source = afdb.SqlSource(url=orders.url, table="orders", cursor="updated_at", pk="id")
+    source.open({})
     part = source.shard(0, 2)
-    with pytest.raises(ConfigurationError, match="shard a source once"):
+    assert part.description.where == "shard 0 of 2"  # not open: no term yet
+    part.open({})
+    assert part.engine is not source.engine
+    assert len(part.fetch(None, 500, afdb_no_horizon())) < len(
+        source.fetch(None, 500, afdb_no_horizon())
+    )
+    part.close()
+    assert source.fetch(None, 1, afdb_no_horizon())  # the source it came from stays open
+    source.close()
+    with pytest.raises(ConfigurationError, match="shard an unsharded source"):
         part.shard(1, 2)
     with pytest.raises(ConfigurationError, match="shard 2 does not exist among 2"):
         source.shard(2, 2)

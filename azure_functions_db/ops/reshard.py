@@ -1,0 +1,296 @@
+"""``afdb reshard``: move a table's pollers from one shard count to another with no gap and
+nothing delivered twice.
+
+The app defines the new pollers (``shards=M, resharded_from=N``; either may be 1, the unsharded
+poller), which refuse to run until this positions them. Each step is idempotent, so a reshard
+stopped anywhere (SIGKILL included) resumes by running it again:
+
+1. **Where.** ``T``: the position the old pollers were already retired at, if any; else the
+   newest row below the table's commit-safe horizon now (no transaction still open can commit a
+   row at or below it).
+2. **Retire** each old poller under its lease, by compare-and-set: its checkpoint records ``T``
+   and the new pollers (:class:`~azure_functions_db.core.retirement.Retirement`); from then on
+   its runs refuse, so an old deployment still running cannot deliver past ``T``.
+3. **Drain** each old poller to ``T``: its own engine, handler and sink (runs under its lease,
+   read through a view bounded at ``T``), until it has delivered every row of its shard up to
+   ``T``.
+4. **Position** each new poller at ``T`` (an audited seek), unless it already has a position
+   of its own: it then delivers its shard's rows after ``T``.
+
+Every row at or before ``T`` is delivered by an old poller and every row after by a new one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from azure_functions_db.core.claim import Claim, Claimer
+from azure_functions_db.core.logs import log_event
+from azure_functions_db.core.ports import Source
+from azure_functions_db.core.position import Position
+from azure_functions_db.core.retirement import Retirement
+from azure_functions_db.core.retry import Retrying
+from azure_functions_db.errors import ConfigurationError, LeaseHeldError, ReshardError
+from azure_functions_db.ops.seek import operator_identity
+from azure_functions_db.runtime.poller import PollerDefinition, ShardGroup
+from azure_functions_db.sources.shards import Shard
+from azure_functions_db.spark.chunk import BoundedSource
+
+logger = logging.getLogger(__name__)
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ReshardResult:
+    """What a reshard did (or, ``dry_run``, would do)."""
+
+    group: str
+    old: tuple[str, ...]
+    new: tuple[str, ...]
+    at: Position | None
+    by: str
+    store: str
+    drained: Mapping[str, int] = field(default_factory=dict)  # rows delivered per old poller
+    positioned: tuple[str, ...] = ()  # new pollers this call positioned
+    dry_run: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "poller": self.group,
+            "old": list(self.old),
+            "new": list(self.new),
+            "at": self.at.to_json() if self.at is not None else None,
+            "by": self.by,
+            "store": self.store,
+            "drained": dict(self.drained),
+            "positioned": list(self.positioned),
+            "dry_run": self.dry_run,
+        }
+
+    def lines(self) -> list[str]:
+        at = str(self.at) if self.at is not None else "(beginning)"
+        if self.dry_run:
+            return [
+                f"{self.group} in {self.store}: would retire {', '.join(self.old)} and start "
+                f"{', '.join(self.new)} after {at} (dry run, nothing written)"
+            ]
+        drained = sum(self.drained.values())
+        return [
+            f"{self.group} in {self.store}: retired {', '.join(self.old)} at {at} "
+            f"({drained} row(s) delivered while draining them)",
+            f"positioned {', '.join(self.positioned) or 'none (already positioned)'}; "
+            f"{', '.join(self.new)} deliver what comes after, by {self.by}",
+        ]
+
+
+def group_of(definitions: Mapping[str, PollerDefinition], name: str) -> list[PollerDefinition]:
+    """The pollers the decorator ``name`` defined, which must be waiting for a reshard."""
+    found = [d for d in definitions.values() if d.group is not None and d.group.name == name]
+    if not found:
+        raise ConfigurationError(
+            f"No poller `{name}` to reshard; defined: {', '.join(sorted(definitions))}. Name "
+            "the decorator's `name=` (not one shard)."
+        )
+    group = found[0].group
+    assert group is not None
+    if group.resharded_from is None:
+        raise ConfigurationError(
+            f"Poller `{name}` has no `resharded_from=`: set it to the shard count before (1 for "
+            f"the unsharded poller) beside `shards={group.count}`, deploy, then reshard."
+        )
+    return found
+
+
+def reshard(
+    new: Sequence[PollerDefinition],
+    settings: Mapping[str, str],
+    *,
+    by: str | None = None,
+    wait: float = 60.0,
+    dry_run: bool = False,
+    progress: Progress | None = None,
+) -> ReshardResult:
+    """Reshard the group of ``new`` (see the module's docstring). Raises
+    :class:`LeaseHeldError` when a lease stays held for ``wait`` seconds, :class:`ReshardError`
+    when an old poller was retired by another reshard, and what a drain run raises (a handler's
+    failure: the reshard stops there; run it again)."""
+    by = by or operator_identity()
+    say = progress or (lambda _line: None)
+    group = new[0].group if new else None
+    if group is None or group.resharded_from is None or any(d.group is not group for d in new):
+        raise ConfigurationError(
+            "reshard() takes the pollers of one decorator with `resharded_from=` (see group_of)"
+        )
+    old = _old_definitions(new[0], group)
+    store = new[0].store(settings)
+    base = group.source
+    base.open(settings)
+    retired, target = _where(old, group, settings)
+    if not retired:
+        target = base.latest(base.horizon())
+    result = ReshardResult(
+        group=group.name,
+        old=tuple(d.name for d in old),
+        new=tuple(d.name for d in new),
+        at=target,
+        by=by,
+        store=store.describe(),
+        dry_run=dry_run,
+    )
+    if dry_run:
+        return result
+    say(f"{group.name}: old pollers end and new ones start after {target or '(beginning)'}")
+    retirement = Retirement(group.name, group.count, target, by, new[0].clock.now())
+    for definition in old:
+        with _claimed(definition, settings, f"afdb-reshard:{by}", wait) as claim:
+            claim.write(dataclasses.replace(claim.checkpoint, retired=retirement))
+        say(f"{definition.name}: retired")
+    drained = {d.name: _drain(d, settings, target, wait, say) for d in old}
+    positioned = []
+    for definition in new:
+        reason = f"afdb reshard: {group.resharded_from} -> {group.count} shard(s) of {group.name}"
+        definition.source.open(settings)  # its description names the shard's term
+        with _claimed(definition, settings, f"afdb-reshard:{by}", wait) as claim:
+            cp = claim.checkpoint
+            if cp.retired is None and (cp.position is not None or cp.seek is not None):
+                continue  # positioned already (an earlier call): it may have delivered since
+            claim.write(
+                cp.sought(
+                    target,
+                    fence=claim.fence,
+                    by=by,
+                    at=definition.clock.now(),
+                    reason=reason,
+                    source=definition.source.description,
+                )
+            )
+        positioned.append(definition.name)
+        say(f"{definition.name}: starts after {target or '(beginning)'}")
+    log_event(
+        logger,
+        logging.WARNING,
+        "resharded",
+        poller=group.name,
+        old=",".join(result.old),
+        new=",".join(result.new),
+        at=target,
+        by=by,
+    )
+    return dataclasses.replace(result, drained=drained, positioned=tuple(positioned))
+
+
+def _old_definitions(template: PollerDefinition, group: ShardGroup) -> list[PollerDefinition]:
+    """The pollers before the reshard: ``resharded_from`` shards of the group's source, or the
+    unsharded poller."""
+    count = group.resharded_from
+    assert count is not None
+    parts: list[tuple[str, str | None, Source]]
+    if count == 1:
+        parts = [(group.name, None, group.source)]
+    else:
+        split = getattr(group.source, "shard", None)
+        if not callable(split):
+            raise ConfigurationError(f"The source of `{group.name}` cannot shard.")
+        parts = [
+            (Shard(i, count).poller_name(group.name), group.name, split(i, count))
+            for i in range(count)
+        ]
+    config = dataclasses.replace(template.config, resharded_from=None, draining=False)
+    return [
+        dataclasses.replace(
+            template,
+            config=dataclasses.replace(config, name=name, group=owner),
+            source=source,
+            group=None,
+        )
+        for name, owner, source in parts
+    ]
+
+
+def _where(
+    old: Sequence[PollerDefinition], group: ShardGroup, settings: Mapping[str, str]
+) -> tuple[bool, Position | None]:
+    """Whether an earlier call retired the old pollers already, and where."""
+    for definition in old:
+        stored = definition.store(settings).read(definition.config.key)
+        retired = stored.checkpoint.retired if stored is not None else None
+        if retired is None:
+            continue
+        if (retired.group, retired.shards) != (group.name, group.count):
+            raise ReshardError(
+                f"Poller `{definition.name}` was retired by another reshard ({retired}), not "
+                f"into {group.count} shard(s) of `{group.name}`: finish that one, or `afdb seek` "
+                "it back first.",
+                poller=definition.name,
+                namespace=definition.config.namespace,
+            )
+        return True, retired.at
+    return False, None
+
+
+@contextmanager
+def _claimed(
+    definition: PollerDefinition, settings: Mapping[str, str], owner: str, wait: float
+) -> Iterator[Claim]:
+    """The poller's lease and fenced checkpoint, waiting up to ``wait`` seconds for it."""
+    cfg, clock = definition.config, definition.clock
+
+    def log(level: int, action: str, **fields: object) -> None:
+        log_event(logger, level, action, poller=cfg.name, namespace=cfg.namespace, **fields)
+
+    store = definition.store(settings)
+    claimer = Claimer(
+        store,
+        cfg.key,
+        owner=owner,
+        duration=cfg.lease_duration,
+        clock=clock,
+        retrying=Retrying(retries=cfg.infra_retries, delay=cfg.retry_delay, clock=clock, log=log),
+        log=log,
+    )
+    deadline = time.monotonic() + wait
+    while True:
+        with claimer.hold(None) as claim:
+            if claim is not None:
+                yield claim
+                return
+        if time.monotonic() >= deadline:
+            raise LeaseHeldError(cfg.name, cfg.namespace, store.inspect(cfg.key).holder)
+        time.sleep(1.0)
+
+
+def _drain(
+    definition: PollerDefinition,
+    settings: Mapping[str, str],
+    at: Position | None,
+    wait: float,
+    say: Progress,
+) -> int:
+    """Run the retired poller until it delivered its rows up to ``at``; the rows delivered."""
+    if at is None:
+        return 0
+    config = dataclasses.replace(definition.config, draining=True, start="beginning")
+    runner = dataclasses.replace(
+        definition, config=config, source=BoundedSource(definition.source, at)
+    )
+    rows, deadline = 0, time.monotonic() + wait
+    while True:
+        report = runner.run_once(settings, manual=True)
+        rows += report.rows
+        if report.status == "caught_up":
+            say(f"{definition.name}: drained ({rows} row(s) delivered)")
+            return rows
+        if report.status == "lease_held":
+            if time.monotonic() >= deadline:
+                raise LeaseHeldError(config.name, config.namespace, report.holder)
+            time.sleep(1.0)
+        else:
+            deadline = time.monotonic() + wait  # budget_spent: progress; run again
+            say(f"{definition.name}: draining, {rows} row(s) delivered so far")

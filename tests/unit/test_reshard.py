@@ -1,0 +1,139 @@
+"""``afdb reshard`` on SQLite and the local store: 1 -> 3, 3 -> 2 and 2 -> 1 shards, with the old
+pollers behind and still running until the reshard retires them. Every row version reaches the
+handler at most once and every row's last version reaches it; the new pollers wait for the
+reshard and the retired ones refuse, loudly.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import azure_functions_db as afdb
+from azure_functions_db.errors import ConfigurationError, ReshardError
+from azure_functions_db.ops.reshard import group_of, reshard
+from tests.support.sqlite_orders import T0, Orders
+
+Seen = list[tuple[str, int, dt.datetime]]
+
+
+@pytest.fixture
+def orders(tmp_path: Path):
+    table = Orders(tmp_path / "orders.db")
+    table.insert(range(1, 61))
+    yield table
+    table.close()
+
+
+def app(orders: Orders, tmp_path: Path, seen: Seen, **kw: Any) -> afdb.PollerBlueprint:
+    db = afdb.PollerBlueprint()
+
+    @db.poller(
+        name="orders",
+        schedule="*/5 * * * * *",
+        source=afdb.SqlSource(url=orders.url, table="orders", cursor="updated_at", pk="id"),
+        state=afdb.LocalStateStore(tmp_path / "state"),
+        batch_size=4,
+        **kw,
+    )
+    def on_orders(batch: afdb.Batch) -> None:
+        seen.extend((batch.poller, c.pk, c.data["updated_at"]) for c in batch)
+
+    return db
+
+
+def run_all(db: afdb.PollerBlueprint) -> None:
+    for definition in db.pollers.values():
+        assert definition.run_once({}).status == "caught_up"
+
+
+def caught_up(db: afdb.PollerBlueprint) -> None:
+    for definition in db.pollers.values():
+        while definition.run_once({}).status != "caught_up":
+            pass
+
+
+def latest_versions(orders: Orders) -> set[tuple[int, dt.datetime]]:
+    with orders.engine.connect() as conn:
+        rows = conn.exec_driver_sql("SELECT id, updated_at FROM orders").all()
+    return {(pk, dt.datetime.fromisoformat(str(at))) for pk, at in rows}
+
+
+def check_delivery(orders: Orders, seen: Seen) -> None:
+    versions = Counter((pk, at) for _, pk, at in seen)
+    assert [v for v, n in versions.items() if n > 1] == [], "a version delivered twice"
+    assert latest_versions(orders) <= set(versions), "a row's last version never delivered"
+
+
+@pytest.mark.parametrize(("before", "after"), [(1, 3), (3, 2), (2, 1)])
+def test_reshard_delivers_every_row_once_across_the_change(orders, tmp_path, before, after):
+    seen: Seen = []
+    old = app(orders, tmp_path, seen, **({"shards": before} if before > 1 else {}))
+    run_all(old)
+    assert len(seen) == 60
+    orders.insert(range(61, 65), base=T0 + dt.timedelta(hours=1))
+
+    new = app(
+        orders, tmp_path, seen, resharded_from=before, **({"shards": after} if after > 1 else {})
+    )
+    waiting = next(iter(new.pollers.values()))
+    if waiting.name not in old.pollers:
+        with pytest.raises(ReshardError, match="waits to be positioned: run `afdb reshard"):
+            waiting.run_once({})
+    run_all(old)  # the old deployment still runs, until the reshard retires it
+    assert len(seen) == 64
+    orders.touch([3, 30, 59], T0 + dt.timedelta(hours=2))  # behind: the drain delivers these
+    orders.insert(range(65, 70), base=T0 + dt.timedelta(hours=3))
+    delivered_before = len(seen)
+
+    result = reshard(group_of(new.pollers, "orders"), {}, wait=5)
+    assert result.old == tuple(old.pollers)
+    assert result.new == tuple(new.pollers)
+    assert sum(result.drained.values()) == len(seen) - delivered_before > 0
+    # Every row up to the reshard's position was delivered by an old poller.
+    assert {(pk, at) for _, pk, at in seen} >= {
+        (pk, at) for pk, at in latest_versions(orders) if at <= result.at.cursor[0]
+    }
+    for name, definition in old.pollers.items():
+        if name not in new.pollers:  # 2 -> 1 reuses no name; 1 -> 3 neither
+            with pytest.raises(ReshardError, match="was retired by a reshard"):
+                definition.run_once({})
+
+    orders.touch([1, 2, 30], T0 + dt.timedelta(hours=4))
+    orders.insert(range(70, 75), base=T0 + dt.timedelta(hours=5))
+    caught_up(new)
+    check_delivery(orders, seen)
+    after_reshard = [(poller, pk) for poller, pk, at in seen[delivered_before:]]
+    assert {p for p, _ in after_reshard[sum(result.drained.values()) :]} <= set(new.pollers)
+
+    again = reshard(group_of(new.pollers, "orders"), {}, wait=5)  # done: changes nothing
+    assert again.positioned == ()
+    assert again.drained == dict.fromkeys(result.old, 0)
+    caught_up(new)
+    check_delivery(orders, seen)
+
+
+def test_reshard_needs_resharded_from_and_names_the_decorator(orders, tmp_path):
+    plain = app(orders, tmp_path, [], shards=2)
+    with pytest.raises(ConfigurationError, match="has no `resharded_from=`"):
+        group_of(plain.pollers, "orders")
+    with pytest.raises(ConfigurationError, match=r"No poller `orders\.shard-0-of-2` to reshard"):
+        group_of(plain.pollers, "orders.shard-0-of-2")
+    with pytest.raises(ConfigurationError, match="must differ from the shard count now"):
+        app(orders, tmp_path, [], shards=2, resharded_from=2)
+
+
+def test_a_dry_run_writes_nothing(orders, tmp_path):
+    seen: Seen = []
+    new = app(orders, tmp_path, seen, shards=2, resharded_from=1)
+    result = reshard(group_of(new.pollers, "orders"), {}, dry_run=True)
+    assert result.dry_run
+    assert result.old == ("orders",)
+    assert "would retire orders" in result.lines()[0]
+    for definition in new.pollers.values():
+        assert definition.store({}).read(definition.config.key) is None
+    assert seen == []
