@@ -63,6 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "backfill": _backfill,
             "quarantine": _quarantine,
             "migrate": _migrate,
+            "reshard": _reshard,
         }[args.command]
         if args.command != "demo":
             args.app_settings = export_settings(
@@ -425,6 +426,22 @@ def _migrate(args: argparse.Namespace, console: Console) -> int:
         sys.stdout.write(json.dumps(found.to_json(), indent=2, default=str) + "\n")
         return EXIT_OK
     for line in found.lines():
+        console.print(line)
+    return EXIT_OK
+
+
+def _reshard(args: argparse.Namespace, console: Console) -> int:
+    from azure_functions_db.ops.reshard import group_of, reshard
+    from azure_functions_db.ops.store_guard import check_default_stores
+    from azure_functions_db.runtime.loader import load_pollers
+
+    pollers = group_of(load_pollers(args.app), args.poller)
+    check_default_stores(pollers, _settings(args))
+    say = None if args.json else console.print
+    result = reshard(pollers, _settings(args), wait=args.wait, dry_run=args.dry_run, progress=say)
+    if args.json:
+        sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
+    for line in [] if args.json else result.lines():
         console.print(line)
     return EXIT_OK
 

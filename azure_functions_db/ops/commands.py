@@ -81,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     seek.add_argument("--dry-run", action="store_true", help="show the move, write nothing")
     seek.add_argument("--json", action="store_true")
 
+    _add_reshard(add)
+
     validate = add(
         "validate",
         "check each poller's source, index, horizon, NULL cursors and checkpoint (read-only)",
@@ -137,6 +139,20 @@ def _add_quarantine(
             action.add_argument("--again", action="store_true", help="replay a replayed record")
             action.add_argument("--lossy-ok", action="store_true", help="values kept as text too")
         action.add_argument("--json", action="store_true", help="stable JSON output for scripts")
+
+
+def _add_reshard(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
+    reshard = add(
+        "reshard",
+        "move a poller to its new shard count (shards=, resharded_from=): no gap, no repeat",
+    )
+    reshard.add_argument("app")
+    reshard.add_argument("--poller", required=True, help="the decorator's name=, not a shard")
+    reshard.add_argument(
+        "--wait", type=float, default=60.0, help="seconds to wait for a held lease (default 60)"
+    )
+    reshard.add_argument("--dry-run", action="store_true", help="show the plan, write nothing")
+    reshard.add_argument("--json", action="store_true")
 
 
 def _add_migrate(

@@ -26,10 +26,11 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from azure_functions_db.core.checkpoint import Checkpoint
 from azure_functions_db.core.claim import Claim, Claimer
 from azure_functions_db.core.logs import log_event
 from azure_functions_db.core.ports import Source
@@ -132,8 +133,10 @@ def reshard(
     store = new[0].store(settings)
     base = group.source
     base.open(settings)
-    retired, target = _where(old, group, settings)
-    if not retired:
+    _check_not_retired_elsewhere(old, group, settings)
+    reason = f"afdb reshard: {group.resharded_from} -> {group.count} shard(s) of {group.name}"
+    started, target = _positioned(new, settings, reason)
+    if not started:  # where it would start now (fixed below, with every old poller stopped)
         target = base.latest(base.horizon())
     result = ReshardResult(
         group=group.name,
@@ -146,21 +149,25 @@ def reshard(
     )
     if dry_run:
         return result
-    say(f"{group.name}: old pollers end and new ones start after {target or '(beginning)'}")
-    retirement = Retirement(group.name, group.count, target, by, new[0].clock.now())
-    for definition in old:
-        with _claimed(definition, settings, f"afdb-reshard:{by}", wait) as claim:
-            claim.write(dataclasses.replace(claim.checkpoint, retired=retirement))
-        say(f"{definition.name}: retired")
+    owner = f"afdb-reshard:{by}"
+    if not started:
+        # Every old poller's lease at once, so none moves while the position is chosen: each
+        # checkpoint is then at or before it (or after it over rows that no longer exist).
+        with ExitStack() as leases:
+            claims = [leases.enter_context(_claimed(d, settings, owner, wait)) for d in old]
+            target = base.latest(base.horizon())
+            retirement = Retirement(group.name, group.count, target, by, new[0].clock.now())
+            for claim in claims:
+                claim.write(dataclasses.replace(claim.checkpoint, retired=retirement))
+        say(f"{group.name}: retired {', '.join(result.old)}; they end at {target or '(beginning)'}")
     drained = {d.name: _drain(d, settings, target, wait, say) for d in old}
     positioned = []
     for definition in new:
-        reason = f"afdb reshard: {group.resharded_from} -> {group.count} shard(s) of {group.name}"
         definition.source.open(settings)  # its description names the shard's term
-        with _claimed(definition, settings, f"afdb-reshard:{by}", wait) as claim:
+        with _claimed(definition, settings, owner, wait) as claim:
             cp = claim.checkpoint
-            if cp.retired is None and (cp.position is not None or cp.seek is not None):
-                continue  # positioned already (an earlier call): it may have delivered since
+            if _ours(cp, reason):
+                continue  # positioned by an earlier call: it may have delivered since
             claim.write(
                 cp.sought(
                     target,
@@ -183,7 +190,7 @@ def reshard(
         at=target,
         by=by,
     )
-    return dataclasses.replace(result, drained=drained, positioned=tuple(positioned))
+    return dataclasses.replace(result, at=target, drained=drained, positioned=tuple(positioned))
 
 
 def _old_definitions(template: PollerDefinition, group: ShardGroup) -> list[PollerDefinition]:
@@ -214,16 +221,14 @@ def _old_definitions(template: PollerDefinition, group: ShardGroup) -> list[Poll
     ]
 
 
-def _where(
+def _check_not_retired_elsewhere(
     old: Sequence[PollerDefinition], group: ShardGroup, settings: Mapping[str, str]
-) -> tuple[bool, Position | None]:
-    """Whether an earlier call retired the old pollers already, and where."""
+) -> None:
+    """Refuse old pollers another reshard retired (into other shards)."""
     for definition in old:
         stored = definition.store(settings).read(definition.config.key)
         retired = stored.checkpoint.retired if stored is not None else None
-        if retired is None:
-            continue
-        if (retired.group, retired.shards) != (group.name, group.count):
+        if retired is not None and (retired.group, retired.shards) != (group.name, group.count):
             raise ReshardError(
                 f"Poller `{definition.name}` was retired by another reshard ({retired}), not "
                 f"into {group.count} shard(s) of `{group.name}`: finish that one, or `afdb seek` "
@@ -231,7 +236,34 @@ def _where(
                 poller=definition.name,
                 namespace=definition.config.namespace,
             )
-        return True, retired.at
+
+
+def _ours(checkpoint: Checkpoint, reason: str) -> bool:
+    """Whether this reshard positioned the (new) poller of ``checkpoint``."""
+    seek = checkpoint.seek
+    return checkpoint.retired is None and seek is not None and seek.reason == reason
+
+
+def _positioned(
+    new: Sequence[PollerDefinition], settings: Mapping[str, str], reason: str
+) -> tuple[bool, Position | None]:
+    """Whether an earlier call started positioning the new pollers, and where (then every old
+    poller is retired there and the position is fixed); refuses a new poller that has a
+    position of its own."""
+    for definition in new:
+        stored = definition.store(settings).read(definition.config.key)
+        cp = stored.checkpoint if stored is not None else None
+        if cp is None or cp.retired is not None or (cp.position is None and cp.seek is None):
+            continue  # never ran, retired before, or waiting: positioned below
+        if not _ours(cp, reason) or cp.seek is None:
+            raise ReshardError(
+                f"Poller `{definition.name}` already has a position of its own ({cp.position}), "
+                "not one from this reshard: it ran before. Move it with `afdb seek`, or "
+                "choose another shard count.",
+                poller=definition.name,
+                namespace=definition.config.namespace,
+            )
+        return True, cp.seek.to_position
     return False, None
 
 
