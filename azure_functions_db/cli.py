@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import traceback
+from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -168,7 +169,12 @@ def _select(args: argparse.Namespace, names: Sequence[str] | None) -> list[Any]:
 
     app = args.app
     pollers = load_pollers(app)
-    unknown = [n for n in names or () if n not in pollers]
+    shards = defaultdict(list)  # a sharded poller's name stands for its shards
+    for name, definition in pollers.items():
+        if definition.group is not None and definition.group.name != name:
+            shards[definition.group.name].append(name)
+    names = [n for name in names or () for n in shards.get(name, [name])]
+    unknown = [n for n in names if n not in pollers]
     if unknown:
         raise ConfigurationError(
             f"Unknown poller `{unknown[0]}` in `{app}`; defined: {', '.join(sorted(pollers))}"
@@ -309,11 +315,19 @@ def _show_handler_error(error: AfdbError, *, verbose: bool) -> None:
 
 
 def _status(args: argparse.Namespace, console: Console) -> int:
-    from azure_functions_db.ops.status import backfill_statuses, poller_status, status_notes
+    from azure_functions_db.ops.status import (
+        STATUS_COLUMNS,
+        WIDE,
+        backfill_statuses,
+        group_notes,
+        poller_status,
+        status_cells,
+        status_notes,
+    )
 
     settings = _settings(args)
-    statuses = []
-    for definition in _select(args, args.poller):
+    statuses, selected = [], _select(args, args.poller)
+    for definition in selected:
         statuses.append(poller_status(definition, settings))
         statuses.extend(backfill_statuses(definition, settings))
     if args.json:
@@ -323,51 +337,21 @@ def _status(args: argparse.Namespace, console: Console) -> int:
         for column in STATUS_COLUMNS:
             table.add_column(column)
         for s in statuses:
-            table.add_row(s.poller, *_status_cells(s)[1:])
+            table.add_row(s.poller, *status_cells(s)[1:])
         console.print(table)
     else:  # narrow or piped: one block per poller, every value whole (wrapped, never cut)
         for s in statuses:
             console.print(f"{s.poller} ({s.namespace})", style="bold")
-            for column, value in zip(STATUS_COLUMNS[2:], _status_cells(s)[2:], strict=True):
+            for column, value in zip(STATUS_COLUMNS[2:], status_cells(s)[2:], strict=True):
                 console.print(f"  {column + ':':<13} {value}")
     if not args.json:
-        for s in statuses:
-            for text, style in status_notes(s, args.app):
-                console.print(text, style=style)
+        notes = [note for s in statuses for note in status_notes(s, args.app)]
+        for text, style in [*notes, *group_notes(selected, statuses)]:
+            console.print(text, style=style)
         if statuses:
             console.print(f"state: {statuses[0].store}")
     stalled = any(s.health is not None and s.health.state == "stalled" for s in statuses)
     return EXIT_FAILED if stalled or any(s.error for s in statuses) else EXIT_OK
-
-
-#: ``afdb status`` as a table from this many columns; narrower, or piped, one block a poller.
-WIDE = 120
-STATUS_COLUMNS = (
-    "poller",
-    "namespace",
-    "position",
-    "fence",
-    "lease",
-    "last commit",
-    "attempts",
-    "rows",
-)
-
-
-def _status_cells(s: Any) -> tuple[str, ...]:
-    lease = s.lease_state if s.lease_holder is None else f"{s.lease_state} by {s.lease_holder}"
-    if s.lease_process:  # "held by X (pid 4242, alive)"; "free (pid 4242, dead)"
-        lease += f" ({s.lease_process})"
-    return (
-        s.poller,
-        s.namespace,
-        "ERROR: " + s.error if s.error else s.detail or str(s.position or "(beginning)"),
-        "-" if s.fence is None else str(s.fence),
-        lease,
-        s.committed_at.isoformat(timespec="seconds") if s.committed_at else "-",
-        str(s.attempts) + (f" ({s.last_error})" if s.last_error else ""),
-        str(s.rows),
-    )
 
 
 def _seek(args: argparse.Namespace, console: Console) -> int:

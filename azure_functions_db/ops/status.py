@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -335,3 +335,61 @@ def sink_line(s: PollerStatus) -> str:
     if s.sink_ahead:
         line += "; one batch ahead of the checkpoint: the next run catches the checkpoint up"
     return line
+
+
+#: ``afdb status`` as a table from this many columns; narrower, or piped, one block a poller.
+WIDE = 120
+STATUS_COLUMNS = (
+    "poller",
+    "namespace",
+    "position",
+    "fence",
+    "lease",
+    "last commit",
+    "attempts",
+    "rows",
+)
+
+
+def status_cells(s: PollerStatus) -> tuple[str, ...]:
+    """The cells of one row of ``afdb status`` (``STATUS_COLUMNS``)."""
+    lease = s.lease_state if s.lease_holder is None else f"{s.lease_state} by {s.lease_holder}"
+    if s.lease_process:  # "held by X (pid 4242, alive)"; "free (pid 4242, dead)"
+        lease += f" ({s.lease_process})"
+    return (
+        s.poller,
+        s.namespace,
+        "ERROR: " + s.error if s.error else s.detail or str(s.position or "(beginning)"),
+        "-" if s.fence is None else str(s.fence),
+        lease,
+        s.committed_at.isoformat(timespec="seconds") if s.committed_at else "-",
+        str(s.attempts) + (f" ({s.last_error})" if s.last_error else ""),
+        str(s.rows),
+    )
+
+
+def group_notes(
+    definitions: Sequence[PollerDefinition], statuses: Sequence[PollerStatus]
+) -> list[tuple[str, str | None]]:
+    """One line per sharded poller shown: its shards together (rows, failing runs, leases)."""
+    live = {s.poller: s for s in statuses if s.namespace == "live"}
+    groups: dict[str, list[PollerStatus]] = {}
+    for definition in definitions:
+        group = definition.group
+        if group is not None and group.name != definition.name and definition.name in live:
+            groups.setdefault(group.name, []).append(live[definition.name])
+    notes: list[tuple[str, str | None]] = []
+    for name, shown in groups.items():
+        failing = [s.poller for s in shown if s.error or (s.health and s.health.last_error)]
+        held = sum(1 for s in shown if s.lease_state == "held")
+        line = (
+            f"{name}: {len(shown)} shard(s), {sum(s.rows for s in shown)} row(s) delivered in "
+            f"all, {held} lease(s) held"
+        )
+        notes.append(
+            (
+                line + (f"; failing: {', '.join(failing)}" if failing else ""),
+                "red" if failing else None,
+            )
+        )
+    return notes

@@ -137,3 +137,62 @@ def test_a_dry_run_writes_nothing(orders, tmp_path):
     for definition in new.pollers.values():
         assert definition.store({}).read(definition.config.key) is None
     assert seen == []
+
+
+RESHARD_APP = """
+import os
+import azure_functions_db as afdb
+
+db = afdb.PollerBlueprint()
+count, before = int(os.environ["N"]), os.environ.get("B")
+
+
+@db.poller(
+    name="orders",
+    schedule="*/10 * * * * *",
+    source=afdb.SqlSource(url=os.environ["SRC"], table="orders", cursor="updated_at", pk="id"),
+    state=afdb.LocalStateStore(os.environ["STATE"]),
+    **({"shards": count} if count > 1 else {}),
+    **({"resharded_from": int(before)} if before else {}),
+)
+def on_orders(batch):
+    pass
+"""
+
+
+def test_the_command_line_reshards_and_status_shows_the_shards_together(
+    orders, tmp_path, monkeypatch, capsys
+):
+    import json
+
+    from azure_functions_db.cli import main
+
+    (tmp_path / "function_app.py").write_text(RESHARD_APP)
+    app = str(tmp_path / "function_app.py")
+    monkeypatch.setenv("SRC", orders.url)
+    monkeypatch.setenv("STATE", str(tmp_path / "state"))
+    monkeypatch.setenv("N", "2")
+    assert main(["run", app, "--once", "--poller", "orders"]) == 0  # the name runs every shard
+    orders.insert(range(61, 64), base=T0 + dt.timedelta(hours=1))
+    monkeypatch.setenv("N", "3")
+    monkeypatch.setenv("B", "2")
+    assert main(["run", app, "--once"]) == 1  # the new shards wait for the reshard
+    assert main(["reshard", app, "--poller", "orders.shard-0-of-3"]) == 2  # not the name
+    capsys.readouterr()
+    assert main(["reshard", app, "--poller", "orders", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["old"] == ["orders.shard-0-of-2", "orders.shard-1-of-2"]
+    assert doc["positioned"] == [
+        "orders.shard-0-of-3",
+        "orders.shard-1-of-3",
+        "orders.shard-2-of-3",
+    ]
+    assert sum(doc["drained"].values()) == 3
+    orders.insert(range(64, 68), base=T0 + dt.timedelta(hours=2))
+    assert main(["run", app, "--once"]) == 0
+    capsys.readouterr()
+    assert main(["status", app, "--poller", "orders"]) == 0
+    out = capsys.readouterr().out
+    assert "orders: 3 shard(s), 4 row(s) delivered in all, 0 lease(s) held" in out
+    assert "orders.shard-2-of-3" in out
+    assert "-of-2" not in out  # the retired pollers left the app with the reshard
