@@ -6,6 +6,7 @@ shared client on the real PostgreSQL (two runs in one process, one client)."""
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 import os
 import subprocess
@@ -94,6 +95,66 @@ def test_queue_sink(orders: Orders, tmp_path: Path) -> None:
         ]
     assert sorted(b["data"]["id"] for b in bodies) == list(range(1, 11))
     assert len({b["event_id"] for b in bodies}) == 10
+
+
+def test_fan_out_the_consumer_does_each_row_version_once(
+    orders: Orders, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The poller sends every change (then all of them again, as after a lost commit); the
+    queue-triggered consumer gets each message twice, as the host redelivers one whose function
+    outlived its visibility: the work is done once per row version, by its `event_id`."""
+    import azure.functions as func
+    from azure.storage.queue import QueueClient
+
+    from azure_functions_db.runtime.loader import _import_file
+    from devkit.azurite import Azurite, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    work = sa.create_engine(f"sqlite:///{tmp_path / 'work.db'}")
+    with work.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE processed (event_id text PRIMARY KEY, order_id int)")
+        conn.exec_driver_sql("CREATE TABLE shipments (order_id int, note text)")
+    monkeypatch.setenv("WORK_DB_URL", f"sqlite:///{tmp_path / 'work.db'}")
+    module = _import_file(EXAMPLES / "fan_out" / "function_app.py")
+    functions = {f.get_function_name(): f for f in module.app.get_functions()}
+    trigger = functions["do_work"].get_bindings()[0]
+    assert (trigger.type, trigger.queue_name) == ("queueTrigger", "orders-work")
+    do_work = functions["do_work"].get_user_function()
+
+    def consume(client: QueueClient) -> int:
+        taken = 0
+        while batch := list(client.receive_messages(messages_per_page=32, max_messages=32)):
+            for message in batch:
+                body = base64.b64decode(message.content)  # what the host hands the function
+                do_work(func.QueueMessage(body=body))
+                do_work(func.QueueMessage(body=body))  # redelivered
+                client.delete_message(message)
+                taken += 1
+        return taken
+
+    with Azurite(tmp_path / "azurite") as azurite:
+        settings = {"ORDERS_DB_URL": orders.url, "AzureWebJobsStorage": azurite.connection_string}
+        afdb_run("fan_out/function_app.py", tmp_path, **settings)
+        client = QueueClient.from_connection_string(azurite.connection_string, "orders-work")
+        assert consume(client) == 10
+        env = {**os.environ, "AFDB_STATE_DIR": str(tmp_path / "state"), **settings}
+        seek = [sys.executable, "-m", "azure_functions_db", "seek"]
+        app = str(EXAMPLES / "fan_out" / "function_app.py")
+        subprocess.run(
+            [*seek, app, "--poller", "orders-fanout", "--beginning"], env=env, check=True
+        )
+        afdb_run("fan_out/function_app.py", tmp_path, **settings)  # every change sent again
+        orders.touch([2, 5], T0 + dt.timedelta(hours=1))
+        afdb_run("fan_out/function_app.py", tmp_path, **settings)
+        assert consume(client) == 12
+    with work.connect() as conn:
+        shipments = conn.exec_driver_sql("SELECT order_id, note FROM shipments").all()
+        processed = conn.exec_driver_sql("SELECT count(*) FROM processed").scalar_one()
+    work.dispose()
+    assert processed == 12
+    assert sorted(order_id for order_id, _ in shipments) == sorted([*range(1, 11), 2, 5])
 
 
 def test_sql_bindings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
