@@ -91,7 +91,7 @@ def _quarantine(args: argparse.Namespace, console: Console) -> int:
     from azure_functions_db.core.quarantine import full_json, summary_json
     from azure_functions_db.ops import quarantine as ops
 
-    (definition,) = _select(args, [args.poller])
+    (definition,) = _select(args, [args.poller], single=True)
     settings = _settings(args)
     store = _store_name(definition.store(settings))
     if not args.json:
@@ -161,25 +161,39 @@ def _stderr() -> Console:
     return Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
 
-def _select(args: argparse.Namespace, names: Sequence[str] | None) -> list[Any]:
+def _select(
+    args: argparse.Namespace, names: Sequence[str] | None, *, single: bool = False
+) -> list[Any]:
     """The app's pollers ``names`` names (all without), their default state store checked
-    (reachable, and not moved away from their checkpoints: :mod:`.ops.store_guard`)."""
+    (reachable, and not moved away from their checkpoints: :mod:`.ops.store_guard`). A sharded
+    poller's name stands for its shards (not for a ``single`` poller), and the pollers a
+    pending reshard retires are found by their names too (their quarantine, their status)."""
+    from azure_functions_db.ops.reshard import old_definitions
     from azure_functions_db.ops.store_guard import check_default_stores
     from azure_functions_db.runtime.loader import load_pollers
 
     app = args.app
-    pollers = load_pollers(app)
-    shards = defaultdict(list)  # a sharded poller's name stands for its shards
-    for name, definition in pollers.items():
-        if definition.group is not None and definition.group.name != name:
-            shards[definition.group.name].append(name)
-    names = [n for name in names or () for n in shards.get(name, [name])]
-    unknown = [n for n in names if n not in pollers]
+    pollers: dict[str, Any] = dict(load_pollers(app))
+    shards, retired = defaultdict(list), {}
+    for name, definition in list(pollers.items()):
+        group = definition.group
+        if group is not None and group.name != name:
+            shards[group.name].append(name)
+        if group is not None and group.resharded_from is not None and group.name not in retired:
+            retired[group.name] = {d.name: d for d in old_definitions(definition, group)}
+    olds = {name: d for found in retired.values() for name, d in found.items()}
+    wanted: list[str] = []
+    for name in names or ():
+        if name not in pollers and name in shards and not single:
+            wanted += shards[name]
+            continue
+        pollers.setdefault(name, olds.get(name))  # a retired poller, or unknown (None)
+        wanted.append(name)
+    unknown = [n for n in wanted if pollers.get(n) is None]
     if unknown:
-        raise ConfigurationError(
-            f"Unknown poller `{unknown[0]}` in `{app}`; defined: {', '.join(sorted(pollers))}"
-        )
-    selected = [pollers[n] for n in names] if names else list(pollers.values())
+        defined = ", ".join(sorted(n for n, d in pollers.items() if d is not None))
+        raise ConfigurationError(f"Unknown poller `{unknown[0]}` in `{app}`; defined: {defined}")
+    selected = [pollers[n] for n in wanted] if names else list(pollers.values())
     check_default_stores(selected, _settings(args))
     return selected
 
@@ -357,7 +371,7 @@ def _status(args: argparse.Namespace, console: Console) -> int:
 def _seek(args: argparse.Namespace, console: Console) -> int:
     from azure_functions_db.ops.seek import SeekTarget, seek
 
-    (definition,) = _select(args, [args.poller])
+    (definition,) = _select(args, [args.poller], single=True)
     settings = _settings(args)
     cursor = None
     target: SeekTarget = "beginning"
@@ -395,7 +409,7 @@ def _seek(args: argparse.Namespace, console: Console) -> int:
 def _migrate(args: argparse.Namespace, console: Console) -> int:
     from azure_functions_db.ops.migrate_mysql import Request, take_over
 
-    (definition,) = _select(args, [args.poller])
+    (definition,) = _select(args, [args.poller], single=True)
     request = Request(
         function=args.function,
         site=args.site,

@@ -39,6 +39,7 @@ from azure_functions_db.core.retirement import Retirement
 from azure_functions_db.errors import CodecError, PositionNotForwardError, StaleFenceError
 
 SCHEMA_VERSION = 1
+RETIRED_SCHEMA = 2  # a record retired by ``afdb reshard`` (see encode_checkpoint)
 
 
 @dataclass(frozen=True)
@@ -367,7 +368,9 @@ class Checkpoint:
 def encode_checkpoint(cp: Checkpoint) -> bytes:
     """The stored form of a record: UTF-8 JSON with sorted keys."""
     doc = {
-        "schema": SCHEMA_VERSION,
+        # A retired record is schema 2, which versions before ``afdb reshard`` refuse to read
+        # (a run then fails) rather than drop the mark they do not know and deliver on.
+        "schema": SCHEMA_VERSION if cp.retired is None else RETIRED_SCHEMA,
         "namespace": cp.key.namespace,
         "poller": cp.key.poller,
         "position": cp.position.to_json() if cp.position else None,
@@ -397,7 +400,9 @@ def decode_checkpoint(data: bytes) -> Checkpoint:
     """
     doc = json_object(data)
     schema = doc.get("schema")
-    if schema != SCHEMA_VERSION:
+    if schema not in (SCHEMA_VERSION, RETIRED_SCHEMA) or (schema == RETIRED_SCHEMA) != (
+        doc.get("retired") is not None
+    ):
         raise CodecError(
             f"unknown schema `{schema}` (this version reads schema {SCHEMA_VERSION}); was it "
             "written by a newer azure-functions-db"
@@ -431,7 +436,7 @@ def decode_checkpoint(data: bytes) -> Checkpoint:
         ),
         seek=SeekAudit.from_json(seek) if seek is not None else None,
         health=RunHealth.from_json(health) if health is not None else None,
-        retired=Retirement.from_json(doc["retired"]) if doc.get("retired") else None,
+        retired=Retirement.from_json(doc["retired"]) if schema == RETIRED_SCHEMA else None,
     )
 
 

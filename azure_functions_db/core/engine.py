@@ -187,7 +187,7 @@ class Engine(PoisonRuns, HealthRuns):
                 report.status, report.holder, report.fence = "lease_held", info.holder, info.fence
                 self._log(logging.INFO, "lease_held", holder=info.holder, lease_fence=info.fence)
                 return
-            if (refused := reshard.refusal(claim.checkpoint, cfg)) is not None:
+            if (refused := reshard.refusal(claim.checkpoint, cfg, self.store)) is not None:
                 raise refused
             self._health_check(report)
             self._catch_up_with_sink(claim)

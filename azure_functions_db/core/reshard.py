@@ -16,13 +16,33 @@ time, and nothing is acknowledged.
 
 from __future__ import annotations
 
-from azure_functions_db.core.checkpoint import Checkpoint
+import re
+
+from azure_functions_db.core.checkpoint import Checkpoint, PollerKey
 from azure_functions_db.core.config import PollerConfig
+from azure_functions_db.core.ports import StateStore
 from azure_functions_db.errors import ReshardError
 
+#: Pollers (by store and key) that looked for other shard counts in this process, and found none.
+_LOOKED: set[tuple[int, PollerKey]] = set()
+_SHARD_NAME = re.compile(r"^(?P<group>.+)\.shard-(?P<index>\d+)-of-(?P<count>\d+)$")
 
-def refusal(checkpoint: Checkpoint, config: PollerConfig) -> ReshardError | None:
-    """Why a run under ``config`` must not deliver from ``checkpoint`` (``None``: it may)."""
+
+def shard_count(name: str, group: str) -> int | None:
+    """How many shards the poller ``name`` is one of, for the decorator ``group`` (1: the
+    unsharded poller ``group`` itself; ``None``: not one of its pollers)."""
+    if name == group:
+        return 1
+    match = _SHARD_NAME.match(name)
+    return int(match["count"]) if match and match["group"] == group else None
+
+
+def refusal(
+    checkpoint: Checkpoint, config: PollerConfig, store: StateStore | None = None
+) -> ReshardError | None:
+    """Why a run under ``config`` must not deliver from ``checkpoint`` (``None``: it may). With
+    ``store``, a poller that never ran also looks for pollers of another shard count of its
+    table still in use (``shards=`` changed without a reshard)."""
     name, namespace = config.name, config.namespace
     if checkpoint.retired and not config.draining:
         return ReshardError(
@@ -41,5 +61,34 @@ def refusal(checkpoint: Checkpoint, config: PollerConfig) -> ReshardError | None
             "(it drains the old pollers and starts the new ones where they stopped).",
             poller=name,
             namespace=namespace,
+        )
+    fresh = checkpoint.position is None and checkpoint.seek is None
+    if store is None or not fresh or checkpoint.stats.batches or config.draining:
+        return None
+    if (id(store), checkpoint.key) in _LOOKED:  # once per process: an idle poller's runs
+        return None  # over an empty table stay as cheap as they were
+    refused = _other_counts(store, config, checkpoint.key)
+    if refused is None:
+        _LOOKED.add((id(store), checkpoint.key))
+    return refused
+
+
+def _other_counts(store: StateStore, config: PollerConfig, key: PollerKey) -> ReshardError | None:
+    group = config.group or config.name
+    mine = shard_count(config.name, group)
+    for other in store.list_keys(key.namespace):
+        count = shard_count(other.poller, group)
+        if count is None or count == mine or config.resharded_from is not None:
+            continue
+        stored = store.read(other)
+        if stored is None or stored.checkpoint.retired is not None:
+            continue
+        return ReshardError(
+            f"Poller `{config.name}` is new, but `{other.poller}` ({count} shard(s) of "
+            f"`{group}`) has a checkpoint: starting here would deliver its rows again, or skip "
+            f"some. Add `resharded_from={count}` to the decorator and run `afdb reshard APP "
+            f"--poller {group}` (docs/scale.md), or remove that checkpoint if it is stale.",
+            poller=config.name,
+            namespace=config.namespace,
         )
     return None

@@ -33,7 +33,7 @@ from typing import Any
 from azure_functions_db.core.checkpoint import Checkpoint
 from azure_functions_db.core.claim import Claim, Claimer
 from azure_functions_db.core.logs import log_event
-from azure_functions_db.core.ports import Source
+from azure_functions_db.core.ports import BacklogSource, Horizon, Source
 from azure_functions_db.core.position import Position
 from azure_functions_db.core.retirement import Retirement
 from azure_functions_db.core.retry import Retrying
@@ -60,6 +60,7 @@ class ReshardResult:
     store: str
     drained: Mapping[str, int] = field(default_factory=dict)  # rows delivered per old poller
     positioned: tuple[str, ...] = ()  # new pollers this call positioned
+    quarantined: Mapping[str, int] = field(default_factory=dict)  # batches left, per old poller
     dry_run: bool = False
 
     def to_json(self) -> dict[str, Any]:
@@ -72,6 +73,7 @@ class ReshardResult:
             "store": self.store,
             "drained": dict(self.drained),
             "positioned": list(self.positioned),
+            "quarantined": dict(self.quarantined),
             "dry_run": self.dry_run,
         }
 
@@ -88,6 +90,11 @@ class ReshardResult:
             f"({drained} row(s) delivered while draining them)",
             f"positioned {', '.join(self.positioned) or 'none (already positioned)'}; "
             f"{', '.join(self.new)} deliver what comes after, by {self.by}",
+            *(
+                f"{name}: {count} quarantined batch(es) left: `afdb quarantine list APP "
+                f"--poller {name}` (the retired poller keeps its records)"
+                for name, count in self.quarantined.items()
+            ),
         ]
 
 
@@ -120,7 +127,8 @@ def reshard(
 ) -> ReshardResult:
     """Reshard the group of ``new`` (see the module's docstring). Raises
     :class:`LeaseHeldError` when a lease stays held for ``wait`` seconds, :class:`ReshardError`
-    when an old poller was retired by another reshard, and what a drain run raises (a handler's
+    when no old poller has a checkpoint, one was retired by another reshard, or another call
+    moved the position meanwhile (run it again), and what a drain run raises (a handler's
     failure: the reshard stops there; run it again)."""
     by = by or operator_identity()
     say = progress or (lambda _line: None)
@@ -129,15 +137,15 @@ def reshard(
         raise ConfigurationError(
             "reshard() takes the pollers of one decorator with `resharded_from=` (see group_of)"
         )
-    old = _old_definitions(new[0], group)
+    old = old_definitions(new[0], group)
     store = new[0].store(settings)
     base = group.source
     base.open(settings)
-    _check_not_retired_elsewhere(old, group, settings)
     reason = f"afdb reshard: {group.resharded_from} -> {group.count} shard(s) of {group.name}"
+    stored = _old_checkpoints(old, group, settings)
     started, target = _positioned(new, settings, reason)
-    if not started:  # where it would start now (fixed below, with every old poller stopped)
-        target = base.latest(base.horizon())
+    if not started:
+        target = _farthest(base, [cp.position for cp in stored if cp is not None])
     result = ReshardResult(
         group=group.name,
         old=tuple(d.name for d in old),
@@ -150,36 +158,43 @@ def reshard(
     if dry_run:
         return result
     owner = f"afdb-reshard:{by}"
-    if not started:
-        # Every old poller's lease at once, so none moves while the position is chosen: each
-        # checkpoint is then at or before it (or after it over rows that no longer exist).
-        with ExitStack() as leases:
-            claims = [leases.enter_context(_claimed(d, settings, owner, wait)) for d in old]
-            target = base.latest(base.horizon())
+    with _all_claimed(old, settings, owner, wait) as claims:
+        # Under every old poller's lease (none moves, no other reshard call retires them):
+        # the position is the farthest of their checkpoints, ordered by the database; each was
+        # below its own poller's commit-safe horizon, so every row up to it is committed.
+        started, target = _positioned(new, settings, reason)
+        if started:
+            _check_retired_at(old, claims, target)
+        else:
+            target = _farthest(base, [c.checkpoint.position for c in claims])
             retirement = Retirement(group.name, group.count, target, by, new[0].clock.now())
             for claim in claims:
                 claim.write(dataclasses.replace(claim.checkpoint, retired=retirement))
-        say(f"{group.name}: retired {', '.join(result.old)}; they end at {target or '(beginning)'}")
+            ends = target or "(beginning)"
+            say(f"{group.name}: retired {', '.join(result.old)}; they end at {ends}")
     drained = {d.name: _drain(d, settings, target, wait, say) for d in old}
     positioned = []
-    for definition in new:
-        definition.source.open(settings)  # its description names the shard's term
-        with _claimed(definition, settings, owner, wait) as claim:
-            cp = claim.checkpoint
-            if _ours(cp, reason):
-                continue  # positioned by an earlier call: it may have delivered since
-            claim.write(
-                cp.sought(
-                    target,
-                    fence=claim.fence,
-                    by=by,
-                    at=definition.clock.now(),
-                    reason=reason,
-                    source=definition.source.description,
+    with _all_claimed(old, settings, owner, wait) as claims:
+        _check_retired_at(old, claims, target)  # no other call moved them since the drain
+        for definition in new:
+            definition.source.open(settings)  # its description names the shard's term
+            with _claimed(definition, settings, owner, wait) as claim:
+                cp = claim.checkpoint
+                if _ours(cp, reason):
+                    continue  # positioned by an earlier call: it may have delivered since
+                claim.write(
+                    cp.sought(
+                        target,
+                        fence=claim.fence,
+                        by=by,
+                        at=definition.clock.now(),
+                        reason=reason,
+                        source=definition.source.description,
+                    )
                 )
-            )
-        positioned.append(definition.name)
-        say(f"{definition.name}: starts after {target or '(beginning)'}")
+            positioned.append(definition.name)
+            say(f"{definition.name}: starts after {target or '(beginning)'}")
+    quarantined = {d.name: n for d in old if (n := _quarantined(d, settings))}
     log_event(
         logger,
         logging.WARNING,
@@ -189,11 +204,103 @@ def reshard(
         new=",".join(result.new),
         at=target,
         by=by,
+        quarantined=sum(quarantined.values()) or None,
     )
-    return dataclasses.replace(result, at=target, drained=drained, positioned=tuple(positioned))
+    return dataclasses.replace(
+        result,
+        at=target,
+        drained=drained,
+        positioned=tuple(positioned),
+        quarantined=quarantined,
+    )
 
 
-def _old_definitions(template: PollerDefinition, group: ShardGroup) -> list[PollerDefinition]:
+def _old_checkpoints(
+    old: Sequence[PollerDefinition], group: ShardGroup, settings: Mapping[str, str]
+) -> list[Checkpoint | None]:
+    """The old pollers' checkpoints; refuses when none exists (a wrong ``resharded_from``, or
+    another state store) and when another reshard retired one."""
+    found = []
+    for definition in old:
+        stored = definition.store(settings).read(definition.config.key)
+        cp = stored.checkpoint if stored is not None else None
+        retired = cp.retired if cp is not None else None
+        if retired is not None and (retired.group, retired.shards) != (group.name, group.count):
+            raise ReshardError(
+                f"Poller `{definition.name}` was retired by another reshard ({retired}), not "
+                f"into {group.count} shard(s) of `{group.name}`: finish that one, or `afdb seek` "
+                "it back first.",
+                poller=definition.name,
+                namespace=definition.config.namespace,
+            )
+        found.append(cp)
+    if all(cp is None for cp in found):
+        where = old[0].store(settings).describe()
+        raise ReshardError(
+            f"None of {', '.join(d.name for d in old)} has a checkpoint in {where}: is "
+            f"`resharded_from={group.resharded_from}` the count the rows came from, and this the "
+            "app's state store? If they never ran, leave `resharded_from` out.",
+            poller=group.name,
+        )
+    return found
+
+
+def _farthest(source: Source, positions: Sequence[Position | None]) -> Position | None:
+    """The farthest of ``positions`` in the table's key order, as the database orders it: a
+    position replaces the one kept when the table holds rows after that one, up to it."""
+    if not isinstance(source, BacklogSource):
+        raise ConfigurationError(f"`{source!r}` cannot order positions: it cannot reshard")
+    kept: Position | None = None
+    for position in positions:
+        if position is None:
+            continue
+        if not position.pk:
+            raise ReshardError(
+                f"An old poller's checkpoint {position} has no key values (a seek to a cursor): "
+                "let it run once past a row, then reshard."
+            )
+        if kept is None or source.rows_after(kept, Horizon(None, "none", until=position), cap=1):
+            kept = position
+    return kept
+
+
+def _check_retired_at(
+    old: Sequence[PollerDefinition], claims: Sequence[Claim], target: Position | None
+) -> None:
+    for definition, claim in zip(old, claims, strict=True):
+        retired = claim.checkpoint.retired
+        if retired is None or retired.at != target:
+            raise ReshardError(
+                f"Poller `{definition.name}` is no longer retired where this reshard positions "
+                f"the new pollers ({target or '(beginning)'}): another call moved it. Run "
+                "`afdb reshard` again.",
+                poller=definition.name,
+                namespace=definition.config.namespace,
+            )
+
+
+@contextmanager
+def _all_claimed(
+    definitions: Sequence[PollerDefinition], settings: Mapping[str, str], owner: str, wait: float
+) -> Iterator[list[Claim]]:
+    """Every poller's lease at once (taken in order, released together)."""
+    with ExitStack() as leases:
+        yield [leases.enter_context(_claimed(d, settings, owner, wait)) for d in definitions]
+
+
+def _quarantined(definition: PollerDefinition, settings: Mapping[str, str]) -> int:
+    """Batches still quarantined under a (retired) poller: `afdb quarantine` reaches them by
+    its name."""
+    store = definition.store(settings)
+    key = definition.config.key
+    count = 0
+    for record_id in store.list_quarantined(key):
+        stored = store.read_quarantined(key, record_id)
+        count += stored is not None and stored.record.state == "quarantined"
+    return count
+
+
+def old_definitions(template: PollerDefinition, group: ShardGroup) -> list[PollerDefinition]:
     """The pollers before the reshard: ``resharded_from`` shards of the group's source, or the
     unsharded poller."""
     count = group.resharded_from
@@ -221,23 +328,6 @@ def _old_definitions(template: PollerDefinition, group: ShardGroup) -> list[Poll
     ]
 
 
-def _check_not_retired_elsewhere(
-    old: Sequence[PollerDefinition], group: ShardGroup, settings: Mapping[str, str]
-) -> None:
-    """Refuse old pollers another reshard retired (into other shards)."""
-    for definition in old:
-        stored = definition.store(settings).read(definition.config.key)
-        retired = stored.checkpoint.retired if stored is not None else None
-        if retired is not None and (retired.group, retired.shards) != (group.name, group.count):
-            raise ReshardError(
-                f"Poller `{definition.name}` was retired by another reshard ({retired}), not "
-                f"into {group.count} shard(s) of `{group.name}`: finish that one, or `afdb seek` "
-                "it back first.",
-                poller=definition.name,
-                namespace=definition.config.namespace,
-            )
-
-
 def _ours(checkpoint: Checkpoint, reason: str) -> bool:
     """Whether this reshard positioned the (new) poller of ``checkpoint``."""
     seek = checkpoint.seek
@@ -247,9 +337,9 @@ def _ours(checkpoint: Checkpoint, reason: str) -> bool:
 def _positioned(
     new: Sequence[PollerDefinition], settings: Mapping[str, str], reason: str
 ) -> tuple[bool, Position | None]:
-    """Whether an earlier call started positioning the new pollers, and where (then every old
-    poller is retired there and the position is fixed); refuses a new poller that has a
-    position of its own."""
+    """Whether an earlier call positioned a new poller, and where (the position is then fixed);
+    refuses a new poller that has a position of its own."""
+    found: tuple[bool, Position | None] = (False, None)
     for definition in new:
         stored = definition.store(settings).read(definition.config.key)
         cp = stored.checkpoint if stored is not None else None
@@ -263,8 +353,8 @@ def _positioned(
                 poller=definition.name,
                 namespace=definition.config.namespace,
             )
-        return True, cp.seek.to_position
-    return False, None
+        found = (True, cp.seek.to_position)
+    return found
 
 
 @contextmanager

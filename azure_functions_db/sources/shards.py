@@ -26,8 +26,10 @@ to the index built from :func:`ddl`, and the keyset stays an index range on
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import sqlalchemy as sa
@@ -95,6 +97,7 @@ def expression_text(dialect: sa.Dialect, pk: Sequence[sa.Column[Any]], count: in
     quote = dialect.identifier_preparer.quote
     names = [quote(column.name) for column in pk]
     name = dialect.name
+    _check_key_types(name, pk, count)
     if name == "postgresql":
         key = " || '|' || ".join(f"CAST({n} AS text)" for n in names)
         return f"mod(coalesce(hashtext({key})::bigint, 0) + 2147483648, {count})"
@@ -115,6 +118,34 @@ def expression_text(dialect: sa.Dialect, pk: Sequence[sa.Column[Any]], count: in
         f"Sharding has no hash expression for the `{name}` dialect: add a generated column "
         f"`afdb_shard_{count}` holding 0 to {count - 1} from the primary key (see docs/scale.md)."
     )
+
+
+#: Key types whose text the hash reads the same in every session, per dialect: not date-times
+#: (the session's time zone and date style), floats (``extra_float_digits``) or PostgreSQL's
+#: ``bytea`` (``bytea_output``). Other key types shard through a generated column.
+_STABLE_TEXT = {
+    "postgresql": (int, str, uuid.UUID, Decimal, bool),
+    "mysql": (int, str, bytes, Decimal),
+    "mariadb": (int, str, bytes, Decimal),
+}
+
+
+def _check_key_types(dialect: str, pk: Sequence[sa.Column[Any]], count: int) -> None:
+    stable = _STABLE_TEXT.get(dialect)
+    if stable is None:
+        return
+    for column in pk:
+        try:
+            python_type: type = column.type.python_type
+        except NotImplementedError:
+            python_type = object
+        if not issubclass(python_type, stable) or python_type is float:
+            raise SourceDefinitionError(
+                f"Key column `{column.name}` ({column.type}) cannot be hashed the same way in "
+                "every database session (its text depends on session settings), so it cannot "
+                f"pick a row's shard: add a generated column `afdb_shard_{count}` holding 0 to "
+                f"{count - 1} from the key (see docs/scale.md)."
+            )
 
 
 def _integer(column: sa.Column[Any]) -> bool:

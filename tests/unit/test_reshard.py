@@ -6,7 +6,9 @@ reshard and the retired ones refuse, loudly.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -86,22 +88,25 @@ def test_reshard_delivers_every_row_once_across_the_change(orders, tmp_path, bef
             waiting.run_once({})
     run_all(old)  # the old deployment still runs, until the reshard retires it
     assert len(seen) == 64
-    orders.touch([3, 30, 59], T0 + dt.timedelta(hours=2))  # behind: the drain delivers these
+    orders.touch([3, 30, 59], T0 + dt.timedelta(hours=2))
     orders.insert(range(65, 70), base=T0 + dt.timedelta(hours=3))
+    first = next(iter(old.pollers.values()))
+    assert first.run_once({}).status == "caught_up"  # one old poller ahead, the others behind
     delivered_before = len(seen)
 
     result = reshard(group_of(new.pollers, "orders"), {}, wait=5)
     assert result.old == tuple(old.pollers)
     assert result.new == tuple(new.pollers)
-    assert sum(result.drained.values()) == len(seen) - delivered_before > 0
+    assert sum(result.drained.values()) == len(seen) - delivered_before
+    assert (sum(result.drained.values()) > 0) == (before > 1)  # the others caught up with it
+    assert result.at == first.store({}).read(first.config.key).checkpoint.position
     # Every row up to the reshard's position was delivered by an old poller.
     assert {(pk, at) for _, pk, at in seen} >= {
         (pk, at) for pk, at in latest_versions(orders) if at <= result.at.cursor[0]
     }
-    for name, definition in old.pollers.items():
-        if name not in new.pollers:  # 2 -> 1 reuses no name; 1 -> 3 neither
-            with pytest.raises(ReshardError, match="was retired by a reshard"):
-                definition.run_once({})
+    for definition in old.pollers.values():
+        with pytest.raises(ReshardError, match="was retired by a reshard"):
+            definition.run_once({})
 
     orders.touch([1, 2, 30], T0 + dt.timedelta(hours=4))
     orders.insert(range(70, 75), base=T0 + dt.timedelta(hours=5))
@@ -129,6 +134,8 @@ def test_reshard_needs_resharded_from_and_names_the_decorator(orders, tmp_path):
 
 def test_a_dry_run_writes_nothing(orders, tmp_path):
     seen: Seen = []
+    caught_up(app(orders, tmp_path, seen))
+    seen.clear()
     new = app(orders, tmp_path, seen, shards=2, resharded_from=1)
     result = reshard(group_of(new.pollers, "orders"), {}, dry_run=True)
     assert result.dry_run
@@ -187,12 +194,92 @@ def test_the_command_line_reshards_and_status_shows_the_shards_together(
         "orders.shard-1-of-3",
         "orders.shard-2-of-3",
     ]
-    assert sum(doc["drained"].values()) == 3
+    assert sum(doc["drained"].values()) == 0  # both old shards had read every row
     orders.insert(range(64, 68), base=T0 + dt.timedelta(hours=2))
     assert main(["run", app, "--once"]) == 0
     capsys.readouterr()
     assert main(["status", app, "--poller", "orders"]) == 0
     out = capsys.readouterr().out
-    assert "orders: 3 shard(s), 4 row(s) delivered in all, 0 lease(s) held" in out
+    assert "orders: 3 shard(s), 7 row(s) delivered in all, 0 lease(s) held" in out
     assert "orders.shard-2-of-3" in out
     assert "-of-2" not in out  # the retired pollers left the app with the reshard
+
+
+def test_a_reshard_that_read_too_early_keeps_the_first_calls_position(
+    orders, tmp_path, monkeypatch
+):
+    """Two calls at once: the second read "not started" before the first ran to the end; under
+    the old pollers' leases it reads again and keeps the first call's position (an adversarial
+    review saw it choose a later one, delivering 20 versions twice)."""
+    from azure_functions_db.ops import reshard as module
+
+    seen: Seen = []
+    old = app(orders, tmp_path, seen, shards=2)
+    caught_up(old)
+    new = app(orders, tmp_path, seen, shards=3, resharded_from=2)
+    group = group_of(new.pollers, "orders")
+    reason = "afdb reshard: 2 -> 3 shard(s) of orders"
+    stale = module._positioned(group, {}, reason)  # the second call's first read...
+    first = reshard(group, {}, wait=5)  # ... then the first call runs to the end
+    orders.insert(range(61, 81), base=T0 + dt.timedelta(hours=1))
+    reads = []
+    real = module._positioned
+
+    def late(*args: Any) -> Any:
+        reads.append(args)
+        return stale if len(reads) == 1 else real(*args)
+
+    monkeypatch.setattr(module, "_positioned", late)
+    second = reshard(group_of(new.pollers, "orders"), {}, wait=5)
+    assert len(reads) == 2
+    assert second.at == first.at
+    assert second.drained == dict.fromkeys(first.old, 0)
+    assert second.positioned == ()
+    caught_up(new)
+    check_delivery(orders, seen)
+
+
+def test_a_reshard_with_no_old_checkpoint_is_refused(orders, tmp_path):
+    new = app(orders, tmp_path, [], shards=3, resharded_from=4)  # the old app had 2 shards
+    caught_up(app(orders, tmp_path, [], shards=2))
+    with pytest.raises(ReshardError, match=r"None of orders\.shard-0-of-4, .* has a checkpoint"):
+        reshard(group_of(new.pollers, "orders"), {}, wait=5)
+    for definition in new.pollers.values():
+        assert definition.store({}).read(definition.config.key) is None  # nothing written
+
+
+def test_changing_shards_without_a_reshard_is_refused_not_a_second_delivery(orders, tmp_path):
+    seen: Seen = []
+    caught_up(app(orders, tmp_path, seen, shards=2))
+    assert len(seen) == 60
+    changed = app(orders, tmp_path, seen, shards=3)  # shards= changed, no resharded_from
+    for definition in changed.pollers.values():
+        with pytest.raises(ReshardError, match=r"Add `resharded_from=2`"):
+            definition.run_once({})
+    unsharded = app(orders, tmp_path, seen)
+    with pytest.raises(ReshardError, match=r"`orders\.shard-0-of-2` \(2 shard\(s\) of `orders`\)"):
+        unsharded.pollers["orders"].run_once({})
+    assert len(seen) == 60
+
+
+def test_a_retired_checkpoint_is_a_schema_older_versions_refuse():
+    from azure_functions_db.core.checkpoint import (
+        Checkpoint,
+        PollerKey,
+        decode_checkpoint,
+        encode_checkpoint,
+    )
+    from azure_functions_db.core.position import Position
+    from azure_functions_db.core.retirement import Retirement
+    from azure_functions_db.errors import CodecError
+
+    at = Position((T0,), (7,))
+    plain = Checkpoint(PollerKey("live", "orders"), position=at, fence=3)
+    assert json.loads(encode_checkpoint(plain))["schema"] == 1
+    retired = dataclasses.replace(plain, retired=Retirement("orders", 3, at, "me@host", T0))
+    doc = json.loads(encode_checkpoint(retired))
+    assert doc["schema"] == 2  # a version before afdb reshard fails to read it: it cannot drop it
+    assert decode_checkpoint(encode_checkpoint(retired)) == retired
+    for bad in ({**doc, "retired": None}, {**doc, "retired": {}}, {**doc, "schema": 1}):
+        with pytest.raises(CodecError):
+            decode_checkpoint(json.dumps(bad).encode())

@@ -322,3 +322,24 @@ def test_validate_names_the_shard_index_then_finds_it(orders, tmp_path):
         conn.exec_driver_sql(index.fix)
     (index,) = [f for f in validate_poller(definition, {}).findings if f.check == "index"]
     assert index.level == "ok", index
+
+
+@pytest.mark.parametrize(
+    ("dialect", "column_type"),
+    [
+        (postgresql.dialect(), sa.DateTime(timezone=True)),  # text follows TimeZone, DateStyle
+        (postgresql.dialect(), sa.LargeBinary()),  # bytea_output
+        (postgresql.dialect(), sa.Float()),  # extra_float_digits
+        (mysql.dialect(), sa.DateTime()),  # a TIMESTAMP follows time_zone
+    ],
+    ids=["pg-timestamptz", "pg-bytea", "pg-float", "mysql-datetime"],
+)
+def test_a_key_whose_text_depends_on_the_session_needs_a_generated_column(dialect, column_type):
+    table = sa.Table(
+        "t",
+        sa.MetaData(),
+        sa.Column("id", sa.Integer, primary_key=True),
+        sa.Column("at", column_type, primary_key=True),
+    )
+    with pytest.raises(SourceDefinitionError, match=r"Key column `at` .* add a generated column"):
+        shards.expression_text(dialect, [table.c.id, table.c.at], 4)
