@@ -5,17 +5,18 @@ The app defines the new pollers (``shards=M, resharded_from=N``; either may be 1
 poller), which refuse to run until this positions them. Each step is idempotent, so a reshard
 stopped anywhere (SIGKILL included) resumes by running it again:
 
-1. **Where.** ``T``: the position the old pollers were already retired at, if any; else the
-   newest row below the table's commit-safe horizon now (no transaction still open can commit a
-   row at or below it).
-2. **Retire** each old poller under its lease, by compare-and-set: its checkpoint records ``T``
-   and the new pollers (:class:`~azure_functions_db.core.retirement.Retirement`); from then on
-   its runs refuse, so an old deployment still running cannot deliver past ``T``.
-3. **Drain** each old poller to ``T``: its own engine, handler and sink (runs under its lease,
+1. **Where and retire**, under every old poller's lease at once: ``T`` is where a new poller
+   was positioned by an earlier call, if one was; else the farthest of the old checkpoints as
+   the database orders the keys (each was below its poller's commit-safe horizon, so every row
+   up to ``T`` is committed and none can commit below it later). Each old checkpoint records
+   ``T`` and the new pollers (:class:`~azure_functions_db.core.retirement.Retirement`, schema
+   2); from then on its runs refuse, so an old deployment still running cannot deliver past it.
+2. **Drain** each old poller to ``T``: its own engine, handler and sink (runs under its lease,
    read through a view bounded at ``T``), until it has delivered every row of its shard up to
    ``T``.
-4. **Position** each new poller at ``T`` (an audited seek), unless it already has a position
-   of its own: it then delivers its shard's rows after ``T``.
+3. **Position**, under every old poller's lease again: check each is still retired at ``T``
+   (another call may have moved it: then stop), and position each new poller there (an audited
+   seek) unless this reshard did already; it then delivers its shard's rows after ``T``.
 
 Every row at or before ``T`` is delivered by an old poller and every row after by a new one.
 """

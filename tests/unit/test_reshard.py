@@ -203,6 +203,8 @@ def test_the_command_line_reshards_and_status_shows_the_shards_together(
     assert "orders: 3 shard(s), 7 row(s) delivered in all, 0 lease(s) held" in out
     assert "orders.shard-2-of-3" in out
     assert "-of-2" not in out  # the retired pollers left the app with the reshard
+    assert main(["quarantine", "list", app, "--poller", "orders.shard-1-of-2"]) == 0
+    assert "orders.shard-1-of-2: nothing quarantined" in capsys.readouterr().out  # found by name
 
 
 def test_a_reshard_that_read_too_early_keeps_the_first_calls_position(
