@@ -29,12 +29,18 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from azure_functions_db.core.checkpoint import Checkpoint
 from azure_functions_db.core.claim import Claim, Claimer
 from azure_functions_db.core.logs import log_event
-from azure_functions_db.core.ports import BacklogSource, Horizon, Source
+from azure_functions_db.core.ports import (
+    AcknowledgingSource,
+    BacklogSource,
+    Horizon,
+    Source,
+    SourceRow,
+)
 from azure_functions_db.core.position import Position
 from azure_functions_db.core.retirement import Retirement
 from azure_functions_db.core.retry import Retrying
@@ -389,6 +395,19 @@ def _claimed(
         time.sleep(1.0)
 
 
+def _acknowledge(self: BoundedSource, rows: Sequence[SourceRow], position: Position) -> None:
+    cast(AcknowledgingSource, self.inner).acknowledge(rows, position)
+
+
+def _bounded(source: Source, at: Position) -> Source:
+    """The old poller's rows up to ``at``: a backfill chunk's view, which also acknowledges
+    when the source does (an outbox deletes what the drain delivers, as its runs do)."""
+    view = type(BoundedSource(source, at))
+    if isinstance(source, AcknowledgingSource):
+        view = type(f"Acknowledging{view.__name__}", (view,), {"acknowledge": _acknowledge})
+    return view(source, at)
+
+
 def _drain(
     definition: PollerDefinition,
     settings: Mapping[str, str],
@@ -399,10 +418,10 @@ def _drain(
     """Run the retired poller until it delivered its rows up to ``at``; the rows delivered."""
     if at is None:
         return 0
-    config = dataclasses.replace(definition.config, draining=True, start="beginning")
-    runner = dataclasses.replace(
-        definition, config=config, source=BoundedSource(definition.source, at)
-    )
+    config = dataclasses.replace(
+        definition.config, draining=True, start="beginning", poll_interval=None
+    )  # a run ends when it caught up, even for a poller in the low-latency mode
+    runner = dataclasses.replace(definition, config=config, source=_bounded(definition.source, at))
     rows, deadline = 0, time.monotonic() + wait
     while True:
         report = runner.run_once(settings, manual=True)

@@ -285,3 +285,48 @@ def test_a_retired_checkpoint_is_a_schema_older_versions_refuse():
     for bad in ({**doc, "retired": None}, {**doc, "retired": {}}, {**doc, "schema": 1}):
         with pytest.raises(CodecError):
             decode_checkpoint(json.dumps(bad).encode())
+
+
+def test_an_outbox_drained_by_a_reshard_deletes_what_the_drain_delivered(tmp_path):
+    import sqlalchemy as sa
+
+    url = f"sqlite:///{tmp_path / 'outbox.db'}"
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE outbox (id INTEGER PRIMARY KEY AUTOINCREMENT, body TEXT)")
+        conn.exec_driver_sql("INSERT INTO outbox (body) VALUES " + ",".join(["('x')"] * 30))
+    seen: list[tuple[str, int]] = []
+
+    def outbox_app(**kw: Any) -> afdb.PollerBlueprint:
+        db = afdb.PollerBlueprint()
+
+        @db.poller(
+            name="events",
+            schedule="*/5 * * * * *",
+            source=afdb.OutboxSource(url=url, table="outbox", delete_delivered=True),
+            state=afdb.LocalStateStore(tmp_path / "state"),
+            batch_size=4,
+            **kw,
+        )
+        def on_events(batch: afdb.Batch) -> None:
+            seen.extend((batch.poller, c.pk) for c in batch)
+
+        return db
+
+    old = outbox_app(shards=2)
+    caught_up(old)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("INSERT INTO outbox (body) VALUES " + ",".join(["('y')"] * 10))
+    first = next(iter(old.pollers.values()))
+    report = first.run_once({})  # ahead; the other old shard is behind by its share of 31-40
+    assert report.rows == 5, report
+    new = outbox_app(shards=3, resharded_from=2)
+    result = reshard(group_of(new.pollers, "events"), {}, wait=5)
+    assert sum(result.drained.values()) > 0
+    with engine.begin() as conn:
+        conn.exec_driver_sql("INSERT INTO outbox (body) VALUES " + ",".join(["('z')"] * 5))
+    caught_up(new)
+    assert sorted(pk for _, pk in seen) == list(range(1, 46))  # each once
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM outbox").scalar_one() == 0
+    engine.dispose()
