@@ -15,7 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
-from azure_functions_db.errors import NullCursorError
+from azure_functions_db.errors import NullCursorError, SourceDefinitionError
 from azure_functions_db.sources import shards
 from azure_functions_db.sources.keyset import KeysetQuery
 
@@ -162,6 +162,17 @@ def findings(
         schema=schema,
         shard=query.shard,
     )
+    term = query.shard
+    if term is not None and (
+        differ := shards.column_mismatches(conn, query.table, term, query.cursor, query.pk)
+    ):
+        raise SourceDefinitionError(
+            f"The generated column `{term.column}` of `{qualified}` puts {differ} of the newest "
+            f"{shards.SAMPLE} rows in another shard than the shard expression does: a shard "
+            "reading it would skip rows and repeat others. Recreate it as `... AS ("
+            f"{shards.expression_text(conn.dialect, query.pk, term.shard.count)})`, or drop it "
+            "to shard on that expression itself."
+        )
     found = [index.warning]
     if query.shard is not None and (strays := shards.strays(conn, query.table, query.shard)):
         found.append(

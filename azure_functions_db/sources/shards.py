@@ -216,6 +216,37 @@ def strays(conn: sa.Connection, table: sa.Table, term: ShardTerm) -> int:
     )
 
 
+#: How many of the newest rows the check of a generated shard column compares.
+SAMPLE = 1000
+
+
+def column_mismatches(
+    conn: sa.Connection,
+    table: sa.Table,
+    term: ShardTerm,
+    cursor: Sequence[sa.Column[Any]],
+    pk: Sequence[sa.Column[Any]],
+) -> int:
+    """Of the newest :data:`SAMPLE` rows (the keyset index, read backwards), how many hold
+    another value in the generated shard column than the shard expression: such a column
+    reads rows in other shards than the expression does, so a switch between the two would
+    skip some and repeat others. 0 for the expression, or a dialect or key without one."""
+    if term.column is None:
+        return 0
+    try:
+        text = expression_text(conn.dialect, pk, term.shard.count)
+    except SourceDefinitionError:
+        return 0  # no expression to agree with: the column is the only definition
+    newest = (
+        sa.select(table.c[term.column].label("v"), sa.literal_column(text).label("e"))
+        .order_by(*(column.desc() for column in (*cursor, *pk)))
+        .limit(SAMPLE)
+        .subquery()
+    )
+    differ = sa.select(sa.func.count()).where(newest.c.v.is_distinct_from(newest.c.e))
+    return int(conn.execute(differ).scalar_one())
+
+
 def ddl(
     dialect: sa.Dialect,
     *,

@@ -293,7 +293,9 @@ def test_an_outbox_drained_by_a_reshard_deletes_what_the_drain_delivered(tmp_pat
     url = f"sqlite:///{tmp_path / 'outbox.db'}"
     engine = sa.create_engine(url)
     with engine.begin() as conn:
-        conn.exec_driver_sql("CREATE TABLE outbox (id INTEGER PRIMARY KEY AUTOINCREMENT, body TEXT)")
+        conn.exec_driver_sql(
+            "CREATE TABLE outbox (id INTEGER PRIMARY KEY AUTOINCREMENT, body TEXT)"
+        )
         conn.exec_driver_sql("INSERT INTO outbox (body) VALUES " + ",".join(["('x')"] * 30))
     seen: list[tuple[str, int]] = []
 

@@ -343,3 +343,35 @@ def test_a_key_whose_text_depends_on_the_session_needs_a_generated_column(dialec
     )
     with pytest.raises(SourceDefinitionError, match=r"Key column `at` .* add a generated column"):
         shards.expression_text(dialect, [table.c.id, table.c.at], 4)
+
+
+@pytest.mark.parametrize(
+    ("expression", "refused"),
+    [("((COALESCE(id, 0) % 2) + 2) % 2", False), ("(id + 1) % 2", True)],
+    ids=["the-shard-expression", "another-expression"],
+)
+def test_a_generated_shard_column_must_agree_with_the_shard_expression(
+    tmp_path, expression, refused
+):
+    """Else a switch between the expression and the column (adding the column later, for its
+    index) would move rows between shards: some skipped, others repeated."""
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE TABLE c (id INTEGER PRIMARY KEY, updated_at INTEGER NOT NULL, "
+            f"afdb_shard_2 INTEGER GENERATED ALWAYS AS ({expression}) VIRTUAL)"
+        )
+        conn.exec_driver_sql("CREATE INDEX ix_c ON c (afdb_shard_2, updated_at, id)")
+        conn.exec_driver_sql("INSERT INTO c (id, updated_at) VALUES (1, 1), (2, 2), (3, 3)")
+    part = afdb.SqlSource(url=url, table="c", cursor="updated_at", pk="id").shard(0, 2)
+    part.open({})
+    try:
+        if refused:
+            with pytest.raises(SourceDefinitionError, match=r"puts 3 of the newest 1000 rows"):
+                part.check()
+        else:
+            assert part.check().warnings == ()
+    finally:
+        part.close()
+        engine.dispose()
