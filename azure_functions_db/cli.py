@@ -14,7 +14,6 @@ import signal
 import sys
 import threading
 import traceback
-from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -171,24 +170,19 @@ def _select(
     from azure_functions_db.ops.reshard import old_definitions
     from azure_functions_db.ops.store_guard import check_default_stores
     from azure_functions_db.runtime.loader import load_pollers
+    from azure_functions_db.runtime.poller import with_shards
 
     app = args.app
     pollers: dict[str, Any] = dict(load_pollers(app))
-    shards, retired = defaultdict(list), {}
-    for name, definition in list(pollers.items()):
+    retired = {}  # the pollers a pending reshard retires, by name
+    for definition in list(pollers.values()):
         group = definition.group
-        if group is not None and group.name != name:
-            shards[group.name].append(name)
         if group is not None and group.resharded_from is not None and group.name not in retired:
             retired[group.name] = {d.name: d for d in old_definitions(definition, group)}
     olds = {name: d for found in retired.values() for name, d in found.items()}
-    wanted: list[str] = []
-    for name in names or ():
-        if name not in pollers and name in shards and not single:
-            wanted += shards[name]
-            continue
+    wanted = list(names or ()) if single else with_shards(pollers, names or ())
+    for name in wanted:
         pollers.setdefault(name, olds.get(name))  # a retired poller, or unknown (None)
-        wanted.append(name)
     unknown = [n for n in wanted if pollers.get(n) is None]
     if unknown:
         defined = ", ".join(sorted(n for n, d in pollers.items() if d is not None))

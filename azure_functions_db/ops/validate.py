@@ -173,14 +173,14 @@ def validate_app(
 
     The app is loaded without the decorators' source checks, so a missing table is reported per
     poller instead of stopping the import. ``settings`` default to the environment; ``pollers``
-    selects by name. Raises ``ConfigurationError`` when the app cannot be loaded or a name is
-    not one of its pollers.
-    """
+    selects by name (a sharded poller's: its shards). Raises ``ConfigurationError`` when the app
+    cannot be loaded or a name is not one of its pollers."""
     from azure_functions_db.runtime.loader import load_pollers
+    from azure_functions_db.runtime.poller import with_shards
 
     env = dict(os.environ) if settings is None else settings  # keeps CommandSettings.sources
     found = load_pollers(app)
-    names = list(pollers) if pollers else list(found)
+    names = with_shards(found, pollers or found)
     unknown = [name for name in names if name not in found]
     if unknown:
         raise ConfigurationError(

@@ -14,7 +14,7 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from croniter import croniter
@@ -132,6 +132,17 @@ class ShardGroup:
     source: Source
     count: int
     resharded_from: int | None = None
+
+
+def with_shards(definitions: Mapping[str, PollerDefinition], names: Iterable[str]) -> list[str]:
+    """``names``, a sharded poller's name standing for its shards (unless a poller is so named)."""
+    shards: dict[str, list[str]] = {}
+    for name, definition in definitions.items():
+        if definition.group is not None and definition.group.name != name:
+            shards.setdefault(definition.group.name, []).append(name)
+    return [
+        n for name in names for n in ([name] if name in definitions else shards.get(name, [name]))
+    ]
 
 
 @dataclass(eq=False)

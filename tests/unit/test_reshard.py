@@ -332,3 +332,14 @@ def test_an_outbox_drained_by_a_reshard_deletes_what_the_drain_delivered(tmp_pat
     with engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT count(*) FROM outbox").scalar_one() == 0
     engine.dispose()
+
+
+def test_validate_takes_a_sharded_pollers_name_for_its_shards(orders, tmp_path, monkeypatch):
+    from azure_functions_db.ops.validate import validate_app
+
+    (tmp_path / "function_app.py").write_text(RESHARD_APP)
+    monkeypatch.setenv("SRC", orders.url)
+    monkeypatch.setenv("STATE", str(tmp_path / "state"))
+    monkeypatch.setenv("N", "2")
+    found = validate_app(str(tmp_path / "function_app.py"), None, ["orders"])
+    assert [v.poller for v in found] == ["orders.shard-0-of-2", "orders.shard-1-of-2"]
