@@ -168,11 +168,6 @@ class ShardTerm:
         """``<term> = :afdb_shard`` (the shard's own value, bound)."""
         return self.sql == sa.bindparam(SHARD_PARAM, self.shard.index, type_=sa.Integer)
 
-    @property
-    def index_lead(self) -> str | None:
-        """The first column of the index that serves the shard (``None``: an expression)."""
-        return self.column
-
 
 def shard_term(
     table: sa.Table, dialect: sa.Dialect, pk: Sequence[sa.Column[Any]], shard: Shard
