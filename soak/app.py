@@ -1,6 +1,7 @@
 """The function app the soak's pollers run: ``afdb run soak.app --poller NAME`` (no ``--once``).
 
-Its pollers come from ``SOAK_POLLERS`` (``name:table:mode:sink,...``), and each process runs
+Its pollers come from ``SOAK_POLLERS`` (``name:table:mode:sink:every,...``; ``every`` > 1: the
+poller reads only the rows whose id is a multiple of it, by ``where=``), and each process runs
 one of them (``--poller``), with its lease and checkpoint on Azurite, a 15-second lease (Azure's
 shortest), ``poison="quarantine"``, and a mode: ``timer`` (one run a second) or ``low`` (the
 low-latency mode, ``poll_interval=0.2``, one run polling for most of its budget). The sink:
@@ -49,7 +50,7 @@ def _delta_schema() -> Any:
     )
 
 
-def _define(name: str, table: str, mode: str, sink: str) -> None:
+def _define(name: str, table: str, mode: str, sink: str, every: str = "1") -> None:
     options: dict[str, Any] = {
         "name": name,
         "schedule": "* * * * * *",
@@ -60,6 +61,7 @@ def _define(name: str, table: str, mode: str, sink: str) -> None:
             pk="id",
             horizon="none" if PROCESS.control else "auto",
             cursor_timezone=ENV.get("SOAK_ZONE") or None,
+            where=None if every == "1" else f"id % {int(every)} = 0",
         ),
         "state": afdb.BlobStateStore(container=ENV["SOAK_CONTAINER"]),
         "batch_size": 100,

@@ -360,6 +360,9 @@ def _check_one(folder: Path, shared: Path) -> Report:
     history = set(_pairs(json.loads((own / "history.json").read_text())))
     writers = folder / "writers" if (folder / "writers").exists() else shared / "writers"
     commits = _commits(read_all(writers), history, report)
+    every = int(meta.get("rows_every", 1))  # a poller reading a share of the rows (where=)
+    if every > 1:  # its versions are the rows it reads; another one it delivered is a phantom
+        commits = {p: t for p, t in commits.items() if isinstance(p[0], int) and p[0] % every == 0}
     handlers = _Handlers(read_all(folder / "events"), report)
     parked = _quarantined(folder, commits, report)
     # (a) every committed version, or a later one of its id, was delivered or quarantined

@@ -35,7 +35,8 @@ Pollers (:class:`Poller`): on PostgreSQL three of one app on the writers' table,
 own processes competing for its lease: ``soak`` through a ``SqlSink`` (PostgreSQL's
 ``postgres`` database), ``soak_delta`` through a ``DeltaSink`` (read back with ``deltalake``)
 and ``soak_queue`` through a ``QueueSink`` onto Azurite's queue (emptied by a consumer while the
-soak runs, :mod:`soak.readback`); ``--no-delta`` / ``--no-queue`` leave them out. The pollers
+soak runs, :mod:`soak.readback`), reading one row in ``queue_every`` (``where=``; the checker
+owes it those rows' versions); ``--no-delta`` / ``--no-queue`` leave them out. The pollers
 reach Azurite and the database through the fault proxies (:mod:`soak.proxy`); the driver's own
 reads do not.
 
@@ -157,6 +158,7 @@ class Options:
     poll_interval: float | None = None  # the low-latency mode: a run polls until its budget ends
     delta: bool = True  # the DeltaSink poller (PostgreSQL)
     queue: bool = True  # the QueueSink poller (PostgreSQL)
+    queue_every: int = 4  # it forwards the rows whose id is a multiple of this (where=)
     burst: int | None = None  # rows; None: default_burst(seconds); 0: none
     without: frozenset[str] = frozenset()  # fault kinds left out
 
@@ -171,6 +173,7 @@ class Poller:
     table: str
     mode: str  # "low" (low-latency) or "timer"
     sink: str  # "sql", "delta", "queue" or "none"
+    every: int = 1  # it reads the rows whose id is a multiple of this (1: every row)
 
     @property
     def key(self) -> afdb.PollerKey:
@@ -178,7 +181,7 @@ class Poller:
 
     @property
     def spec(self) -> str:
-        return f"{self.name}:{self.table}:{self.mode}:{self.sink}"
+        return f"{self.name}:{self.table}:{self.mode}:{self.sink}:{self.every}"
 
 
 @dataclass(frozen=True)
@@ -298,7 +301,7 @@ class Soak:
         if self.o.delta:
             pollers.append(Poller("soak_delta", self.table, mode, "delta"))
         if self.o.queue:
-            pollers.append(Poller("soak_queue", self.table, mode, "queue"))
+            pollers.append(Poller("soak_queue", self.table, mode, "queue", self.o.queue_every))
         return pollers
 
     @property
@@ -824,13 +827,19 @@ class Soak:
     def rows_after(self, poller: Poller, position: list[Any] | None) -> int:
         """How many rows the database orders after ``position`` (all rows if ``None``)."""
         table = sql.Identifier(poller.table)
+        # The poller's own rows (a poller with `every` reads a share of them).
+        mine = sql.SQL("id %% {n} = 0").format(n=sql.Literal(poller.every))
         with self.admin() as conn:
             if position is None:
-                row = conn.execute(sql.SQL("SELECT count(*) FROM {t}").format(t=table)).fetchone()
+                every = sql.SQL("SELECT count(*) FROM {t} WHERE {mine}")
+                row = conn.execute(every.format(t=table, mine=mine), ()).fetchone()
             else:
-                after = sql.SQL("SELECT count(*) FROM {t} WHERE (updated_at, id) > (%s, %s)")
+                after = sql.SQL(
+                    "SELECT count(*) FROM {t} WHERE (updated_at, id) > (%s, %s) AND {mine}"
+                )
                 cursor = dt.datetime.fromisoformat(str(position[0]))
-                row = conn.execute(after.format(t=table), (cursor, int(position[1]))).fetchone()
+                statement = after.format(t=table, mine=mine)
+                row = conn.execute(statement, (cursor, int(position[1]))).fetchone()
         return int(row[0]) if row else 0
 
     def dump_history(self) -> None:
@@ -935,7 +944,14 @@ class Soak:
             "harness": self.harness,
         }
         for p in self.pollers:
-            own = {**meta, "table": p.table, "mode": p.mode, "sink": p.sink, "harness": []}
+            own = {
+                **meta,
+                "table": p.table,
+                "mode": p.mode,
+                "sink": p.sink,
+                "rows_every": p.every,
+                "harness": [],
+            }
             (self.out / p.name).mkdir(parents=True, exist_ok=True)
             (self.out / p.name / "meta.json").write_text(json.dumps(own, indent=2))
         meta["poller_names"] = [p.name for p in self.pollers]

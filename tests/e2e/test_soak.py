@@ -35,6 +35,7 @@ class Evidence:
         self.samples: list[dict[str, Any]] = []
         self.history: set[tuple[int, int]] = set()
         self.faults: list[dict[str, Any]] = [{"ev": "fault", "t": 1, "kind": "kill_poller"}]
+        self.meta: dict[str, Any] = {"seed": 1, "seconds": 10}
 
     def commit(self, t: float, *pairs: tuple[int, int], outcome: str = "commit") -> None:
         self.writers.append({"ev": outcome, "t": t, "rows": [list(p) for p in pairs]})
@@ -59,7 +60,7 @@ class Evidence:
         )
 
     def judge(self) -> Any:
-        (self.root / "meta.json").write_text(json.dumps({"seed": 1, "seconds": 10}))
+        (self.root / "meta.json").write_text(json.dumps(self.meta))
         (self.root / "history.json").write_text(json.dumps(sorted(self.history)))
         _lines(self.root / "faults.jsonl", self.faults)
         _lines(self.root / "writers" / "writer-0.jsonl", self.writers)
@@ -455,6 +456,19 @@ def test_the_queue_must_carry_every_version_once_or_more_under_one_event_id(
     shared = ev.judge()
     assert shared.queue_bad_ids == 1  # one event id naming two versions
     assert any("event_id" in v for v in shared.violations)
+
+
+def test_a_poller_reading_a_share_of_the_rows_owes_only_their_versions(ev: Evidence) -> None:
+    """The queue poller forwards the rows whose id is a multiple of ``rows_every`` (where=):
+    the other rows' versions are not missing, and delivering one is a phantom."""
+    ev.meta["rows_every"] = 2
+    ev.deliver(2.5, 1, (2, 2))
+    assert ev.judge().violations == []  # (1, 1) and (1, 3) are not its rows
+    ev.meta["rows_every"] = 1
+    assert ev.judge().missing == 2  # the same deliveries from a poller of every row
+    ev.meta["rows_every"] = 2
+    ev.deliver(3.0, 1, (1, 3))
+    assert ev.judge().phantoms == 1  # a row its filter excludes came through
 
 
 def test_a_fault_kind_left_out_is_never_scheduled() -> None:
