@@ -30,7 +30,7 @@ import sqlalchemy as sa
 
 from azure_functions_db.sources import shards
 from devkit import dbservers
-from tests.e2e.test_shard_processes import query, write
+from tests.e2e.test_shard_processes import applied_in_time, query, stop, write
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -110,16 +110,6 @@ def start(tmp_path: Path, env: dict[str, str], log: str) -> subprocess.Popen[byt
         return subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
 
 
-def stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    for proc in procs:
-        proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
 def test_reshard_killed_after_every_step_loses_and_repeats_nothing(db, pg_schema, tmp_path):
     old_env = environment(tmp_path, pg_schema, 2, None)
     new_env = environment(tmp_path, pg_schema, 3, 2)
@@ -170,13 +160,7 @@ def test_reshard_killed_after_every_step_loses_and_repeats_nothing(db, pg_schema
             writer.join()
         stop(old)
     try:
-        final = set(query(db, pg_schema, "SELECT id, version FROM orders"))
-        deadline = time.monotonic() + 90
-        while True:
-            got = set(query(db, pg_schema, "SELECT order_id, version FROM applied"))
-            if final <= got or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
+        final, got = applied_in_time(db, pg_schema)
     finally:
         stop(new)
     old_log = (tmp_path / "old.log").read_text(errors="replace")

@@ -126,6 +126,28 @@ def write(db: sa.Engine, schema: str, stop: threading.Event, seed: int) -> None:
         time.sleep(0.01)
 
 
+def applied_in_time(db: sa.Engine, schema: str) -> tuple[set[tuple], set[tuple]]:
+    """The table's final versions, and the versions applied once they all are (or 90 s on)."""
+    final = set(query(db, schema, "SELECT id, version FROM orders"))
+    deadline = time.monotonic() + 90
+    while True:
+        got = set(query(db, schema, "SELECT order_id, version FROM applied"))
+        if final <= got or time.monotonic() > deadline:
+            return final, got
+        time.sleep(0.5)
+
+
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM every process, then wait for each (killing one that hangs)."""
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def query(db: sa.Engine, schema: str, sql: str) -> list[tuple]:
     with db.connect() as conn:
         conn.exec_driver_sql(f'SET search_path TO "{schema}"')
@@ -138,8 +160,10 @@ def test_three_shards_in_four_processes_deliver_every_version_once_in_order(
     names = [shards.Shard(i, SHARDS).poller_name("orders") for i in range(SHARDS)]
     procs = [start(tmp_path, pg_schema, name) for name in names]
     procs.append(start(tmp_path, pg_schema))  # every shard: a second owner for each lease
-    stop = threading.Event()
-    writers = [threading.Thread(target=write, args=(db, pg_schema, stop, s)) for s in (1, 2)]
+    stop_writing = threading.Event()
+    writers = [
+        threading.Thread(target=write, args=(db, pg_schema, stop_writing, s)) for s in (1, 2)
+    ]
     try:
         for writer in writers:
             writer.start()
@@ -150,25 +174,13 @@ def test_three_shards_in_four_processes_deliver_every_version_once_in_order(
         procs[1] = start(tmp_path, pg_schema, names[1])
         time.sleep(WRITE_SECONDS / 2)
     finally:
-        stop.set()
+        stop_writing.set()
         for writer in writers:
             writer.join()
     try:
-        final = set(query(db, pg_schema, "SELECT id, version FROM orders"))
-        deadline = time.monotonic() + 90
-        while True:
-            got = set(query(db, pg_schema, "SELECT order_id, version FROM applied"))
-            if final <= got or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
+        final, got = applied_in_time(db, pg_schema)
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop(procs)
     log = (tmp_path / "runs.log").read_text(errors="replace")
     assert final <= got, f"final versions never applied: {sorted(final - got)[:20]}\n{log[-3000:]}"
     applied = query(db, pg_schema, "SELECT order_id, version, shard FROM applied ORDER BY n")
