@@ -415,12 +415,14 @@ def test_owner_killed_mid_handler_is_replaced_after_lease_expiry_and_batch_redel
     assert unacked.end is None
     assert [e["id"] for e in events if e["ev"] == "row"] == [21, 22, 23, 24]
     checkpoint = poller.checkpoint().checkpoint
-    assert checkpoint.position is not None
-    # With the commit in flight (pipeline=True) batch 2's commit may not have landed yet when
-    # the kill came: then batch 2 comes again too (a duplicate, never a loss).
-    (acknowledged,) = checkpoint.position.pk
-    assert acknowledged in (10, 20)
-    again = Counter(range(11, 21)) if acknowledged == 10 else Counter()
+    # With the commit in flight (pipeline=True) batch 2's commit, or on a loaded machine even
+    # batch 1's, may not have landed yet when the kill came: then those batches come again too
+    # (a duplicate, never a loss).
+    acknowledged = 0
+    if checkpoint.position is not None:
+        (acknowledged,) = checkpoint.position.pk
+    assert acknowledged in (0, 10, 20)
+    again = Counter(range(acknowledged + 1, 21))
 
     # At once: a run through the CLI finds the dead owner's lease and does nothing; a second
     # process retries every 250 ms until it gets the lease.
@@ -445,7 +447,7 @@ def test_owner_killed_mid_handler_is_replaced_after_lease_expiry_and_batch_redel
     taker_calls = calls(events, taker.pid)
     first = list(range(acknowledged + 1, acknowledged + 11))
     assert taker_calls[0].ids == first, "the whole unacknowledged batch comes first"
-    assert taker_calls[0].before == [acknowledged]
+    assert taker_calls[0].before == ([acknowledged] if acknowledged else None)
     assert unacked.before == [20]
     assert taker_calls[0].fence == unacked.fence + 1
     assert [i for c in taker_calls for i in c.ids] == list(range(acknowledged + 1, 61))
