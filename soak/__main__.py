@@ -72,6 +72,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "within what one Azurite serves under faults; 1: every row)",
     )
     parser.add_argument(
+        "--shards",
+        type=int,
+        default=1,
+        metavar="N",
+        help="split the first poller (PostgreSQL's `soak`; MariaDB's `orders_timer`) over N shards "
+        "(shards=N: N pollers, each with --pollers processes; default 1: not sharded)",
+    )
+    parser.add_argument(
         "--burst",
         type=int,
         help="rows of the burst written from 40%% of the run on (default: 100 a second of "
@@ -103,6 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--checkpoint-every needs --no-sink (a sink commits every batch)")
     if args.queue_every < 1:
         parser.error(f"--queue-every {args.queue_every}: N must be 1 (every row) or more")
+    if args.shards != 1 and not 2 <= args.shards <= 64:
+        parser.error(f"--shards {args.shards}: N must be 1 (not sharded) or 2 to 64")
     seed = random.SystemRandom().randrange(1, 10**6) if args.seed == "random" else int(args.seed)
     options = Options(
         seconds=args.seconds,
@@ -120,6 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         delta=not args.no_delta,
         queue=not args.no_queue,
         queue_every=args.queue_every,
+        shards=args.shards,
         burst=0 if args.no_burst else args.burst,
         without=frozenset(args.no_fault),
     )

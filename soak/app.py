@@ -1,9 +1,10 @@
 """The function app the soak's pollers run: ``afdb run soak.app --poller NAME`` (no ``--once``).
 
-Its pollers come from ``SOAK_POLLERS`` (``name:table:mode:sink:every,...``; ``every`` > 1: the
-poller reads only the rows whose id is a multiple of it, by ``where=``), and each process runs
-one of them (``--poller``), with its lease and checkpoint on Azurite, a 15-second lease (Azure's
-shortest), ``poison="quarantine"``, and a mode: ``timer`` (one run a second) or ``low`` (the
+Its pollers come from ``SOAK_POLLERS`` (``name:table:mode:sink:every:shards,...``; ``every`` > 1:
+the poller reads only the rows whose id is a multiple of it, by ``where=``; ``shards`` > 1: it is
+split over that many shards, each a poller), and each process runs one of them (``--poller``),
+with its lease and checkpoint on Azurite, a 15-second lease (Azure's shortest),
+``poison="quarantine"``, and a mode: ``timer`` (one run a second) or ``low`` (the
 low-latency mode, ``poll_interval=0.2``, one run polling for most of its budget). The sink:
 
 ``sql``    a ``SqlSink`` into ``<table>_applied`` (exactly-once; on PostgreSQL in the server's
@@ -50,7 +51,7 @@ def _delta_schema() -> Any:
     )
 
 
-def _define(name: str, table: str, mode: str, sink: str, every: str = "1") -> None:
+def _define(name: str, table: str, mode: str, sink: str, every: str, shards: str) -> None:  # noqa: PLR0917 - one spec's fields
     options: dict[str, Any] = {
         "name": name,
         "schedule": "* * * * * *",
@@ -70,6 +71,8 @@ def _define(name: str, table: str, mode: str, sink: str, every: str = "1") -> No
         "max_attempts": 3,
         "poison": "quarantine",
     }
+    if int(shards) > 1:
+        options["shards"] = int(shards)
     if mode == "low":
         options["poll_interval"] = float(ENV.get("SOAK_POLL_INTERVAL") or 0.2)
     handle = PROCESS.handler()

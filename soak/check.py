@@ -37,6 +37,11 @@ Violations (any one fails the soak):
     no writer committed is a phantom (e); a planted version that is neither delivered, nor
     quarantined, nor superseded is missing (a). Good versions a record holds (a random handler
     failure while a poison batch was split) are reported, not judged.
+(a) ``unsharded``: with a sharded poller (``shards=``), a committed version of a row the database
+    puts in no shard (its shard value is NULL or not one of ``0 .. N-1``). Each shard's folder
+    is judged on the rows the database puts in its shard (``shards-<table>.json``, dumped from
+    the product's shard expression at the end): a version of another shard's row it delivered
+    is a phantom, and its sink and queue are judged on its rows.
 ``harness``: the evidence contradicts itself (a COMMIT the writer saw return is not in the history
     table, or the drain did not finish): the run proves nothing.
 
@@ -146,12 +151,16 @@ class Report:
     queue_bad_ids: int = 0
     queue_bad_id_examples: list[str] = field(default_factory=list)
     overruns: int = 0
+    unsharded: int = 0
+    unsharded_examples: list[Pair] = field(default_factory=list)
 
     @property
     def violations(self) -> list[str]:
         found = []
         if self.missing:
             found.append(f"(a) {self.missing} committed version(s) never delivered")
+        if self.unsharded:
+            found.append(f"(a) {self.unsharded} committed version(s) of rows in no shard")
         if self.regressions:
             found.append(f"(b) {len(self.regressions)} regression(s) of checkpoint or fence")
         if self.stale_calls:
@@ -363,6 +372,9 @@ def _check_one(folder: Path, shared: Path) -> Report:
     every = int(meta.get("rows_every", 1))  # a poller reading a share of the rows (where=)
     if every > 1:  # its versions are the rows it reads; another one it delivered is a phantom
         commits = {p: t for p, t in commits.items() if isinstance(p[0], int) and p[0] % every == 0}
+    mine = _shard(meta, shared, commits, report)
+    commits = {p: t for p, t in commits.items() if mine(p[0])}
+    report.committed = len(commits)  # the versions it owes
     handlers = _Handlers(read_all(folder / "events"), report)
     parked = _quarantined(folder, commits, report)
     # (a) every committed version, or a later one of its id, was delivered or quarantined
@@ -393,9 +405,32 @@ def _check_one(folder: Path, shared: Path) -> Report:
     ]
     _stale_calls(handlers, restarts, report)
     _liveness(commits, handlers, good, set(missing), report)
-    _sink(folder, commits, parked, report)
-    _queue(folder, commits, parked, report)
+    _sink(folder, commits, parked, report, mine)
+    _queue(folder, commits, parked, report, mine)
     return report
+
+
+def _shard(
+    meta: Mapping[str, Any], shared: Path, commits: Mapping[Pair, float], report: Report
+) -> Callable[[Row], bool]:
+    """Whether a row is this poller's: for one shard of a sharded poller, whether the database
+    puts it in that shard (``shard_map``); the first shard's folder counts the committed
+    versions of rows in no shard (``unsharded``)."""
+    shard = meta.get("shard")
+    if not shard:
+        return lambda _row: True
+    index, count = int(shard["index"]), int(shard["count"])
+    path = shared / str(meta["shard_map"])
+    if not path.exists():
+        report.harness.append(f"the shard map `{path.name}` is missing")
+        return lambda _row: True
+    # A string id under a case-insensitive collation is one row in any case.
+    owner = {_order(_row(r[0])): r[1] for r in json.loads(path.read_text())}
+    if index == 0:
+        valid = set(range(count))
+        stray = sorted(p for p in commits if owner.get(_order(p[0])) not in valid)
+        report.unsharded, report.unsharded_examples = len(stray), stray[:EXAMPLES]
+    return lambda row: owner.get(_order(row)) == index
 
 
 def _quarantined(folder: Path, commits: Mapping[Pair, float], report: Report) -> set[Pair]:
@@ -417,12 +452,19 @@ def _quarantined(folder: Path, commits: Mapping[Pair, float], report: Report) ->
     return parked
 
 
-def _sink(folder: Path, commits: Mapping[Pair, float], parked: set[Pair], report: Report) -> None:
-    """(f) the SqlSink holds every committed version (or a later one of its id) exactly once."""
+def _sink(
+    folder: Path,
+    commits: Mapping[Pair, float],
+    parked: set[Pair],
+    report: Report,
+    mine: Callable[[Row], bool],
+) -> None:
+    """(f) the SqlSink holds every committed version (or a later one of its id) exactly once
+    (of its own rows: shards share one sink table)."""
     path = folder / "sink.json"
     if not path.exists():
         return
-    rows = _pairs(json.loads(path.read_text()))
+    rows = [p for p in _pairs(json.loads(path.read_text())) if mine(p[0])]
     report.sink_rows = len(rows)
     counts = Counter(rows)
     twice = sorted(p for p, n in counts.items() if n > 1)
@@ -440,14 +482,20 @@ def _lost(commits: Mapping[Pair, float], present: Iterable[Pair]) -> list[Pair]:
     return sorted(p for p in commits if newest.get(p[0], -1) < p[1])
 
 
-def _queue(folder: Path, commits: Mapping[Pair, float], parked: set[Pair], report: Report) -> None:
+def _queue(
+    folder: Path,
+    commits: Mapping[Pair, float],
+    parked: set[Pair],
+    report: Report,
+    mine: Callable[[Row], bool],
+) -> None:
     """(h) every committed version (or a later one of its id) came off the queue at least
     once, and each ``event_id`` names one version (``queue.jsonl``, the consumer's log)."""
     path = folder / "queue.jsonl"
     if not path.exists():
         return
     logged = read_all(folder, "queue.jsonl")
-    messages = [m for m in logged if m["ev"] == "message"]
+    messages = [m for m in logged if m["ev"] == "message" and mine(_row(m["row"][0]))]
     unread = [m for m in logged if m["ev"] == "bad_message"]
     if unread:
         report.harness.append(
@@ -707,11 +755,13 @@ def main(argv: Sequence[str]) -> int:
             every = meta.get("checkpoint_every")
             command = f"python -m soak --seconds {meta['seconds']:g} --seed {meta['seed']} "
             command += "--no-sink" + (f" --checkpoint-every {every}" if every else "")
-        elif float(meta.get("fault_every", 4.0)) != 4.0:
+        elif float(meta.get("fault_every", 4.0)) != 4.0 or int(meta.get("shards", 1)) > 1:
             command = (
                 f"python -m soak --db {meta.get('db', 'pg')} --seconds {meta['seconds']:g} "
-                f"--fault-every {float(meta['fault_every']):g} --seed {meta['seed']}"
+                f"--fault-every {float(meta.get('fault_every', 4.0)):g} --seed {meta['seed']}"
             )
+            if int(meta.get("shards", 1)) > 1:
+                command += f" --shards {int(meta['shards'])}"
         sys.stdout.write(report.markdown(command) + "\n")
     else:
         sys.stdout.write(report.summary() + "\n")

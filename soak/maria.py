@@ -28,9 +28,12 @@ import urllib.parse
 from typing import Any
 
 import pymysql
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
 
+from azure_functions_db.sources.shards import expression_text
 from devkit.evidence import read_events
-from soak.run import REPO, Fault, Options, Poller, Soak
+from soak.run import REPO, Fault, Options, Poller, Soak, sharded
 
 DEFAULT_MARIADB = "mysql://root@127.0.0.1:3306/test"
 #: The writers' session zone (no daylight saving time) and the pollers' ``cursor_timezone``.
@@ -53,11 +56,12 @@ class MariaSoak(Soak):
         self.poller_user, self.writer_user = f"soakp_{self.tag}", f"soakw_{self.tag}"
 
     def make_pollers(self) -> list[Poller]:
-        """Three pollers, one table each, through a ``SqlSink`` into MariaDB."""
+        """Three pollers, one table each, through a ``SqlSink`` into MariaDB (the timer one
+        split over ``shards``)."""
         return [
             Poller("orders_ll", f"soak_{self.tag}_ll", "low", "sql"),
             Poller("orders_ll2", f"soak_{self.tag}_ll2", "low", "sql"),
-            Poller("orders_timer", f"soak_{self.tag}_tm", "timer", "sql"),
+            *sharded(Poller("orders_timer", f"soak_{self.tag}_tm", "timer", "sql"), self.o.shards),
         ]
 
     # -- setup ------------------------------------------------------------------------------
@@ -78,7 +82,7 @@ class MariaSoak(Soak):
 
     def create_tables(self) -> None:
         with self.maria() as conn, conn.cursor() as cur:
-            for p in self.pollers:
+            for p in {p.table: p for p in self.pollers}.values():  # a table of shards once
                 cur.execute(
                     f"CREATE TABLE `{p.table}` (id varchar(40) NOT NULL PRIMARY KEY, "
                     "version bigint NOT NULL, writer int NOT NULL, "
@@ -172,18 +176,28 @@ class MariaSoak(Soak):
     def rows_after(self, poller: Poller, position: list[Any] | None) -> int:
         """How many rows the database orders after ``position`` in ``poller``'s table, in its
         collation."""
+        # A shard's own rows only.
+        mine = f"{self.shard_expression(poller)} = {poller.shard}" if poller.shards > 1 else "1"
         with self.maria() as conn, conn.cursor() as cur:
             if position is None:
-                cur.execute(f"SELECT COUNT(*) FROM `{poller.table}`")
+                cur.execute(f"SELECT COUNT(*) FROM `{poller.table}` WHERE {mine}")
             else:
                 cursor = dt.datetime.fromisoformat(str(position[0]))
                 cur.execute(
                     f"SELECT COUNT(*) FROM `{poller.table}` WHERE updated_at >= %s AND "
-                    "(updated_at > %s OR id > %s)",
+                    f"(updated_at > %s OR id > %s) AND {mine.replace('%', '%%')}",
                     (cursor, cursor, str(position[1])),
                 )
             row = cur.fetchone()
         return int(row[0]) if row else 0
+
+    def shard_expression(self, poller: Poller) -> str:
+        """The product's shard expression of ``poller``'s table (MariaDB, a string id)."""
+        return expression_text(mysql.dialect(), [sa.Column("id", sa.String(40))], poller.shards)
+
+    def shard_rows(self, poller: Poller) -> list[list[Any]] | None:
+        query = f"SELECT id, {self.shard_expression(poller)} FROM `{poller.table}`"
+        return self.maria_rows(query, poller)
 
     def dump_history(self) -> None:
         for p in self.pollers:

@@ -51,6 +51,7 @@ checkpoint and lease every half second), ``sink.json`` (what its SqlSink or Delt
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -68,10 +69,13 @@ from pathlib import Path
 from typing import IO, Any
 
 import psycopg
+import sqlalchemy as sa
 from azure.storage.blob import ExponentialRetry
 from psycopg import sql
+from sqlalchemy.dialects import postgresql
 
 import azure_functions_db as afdb
+from azure_functions_db.sources.shards import Shard, expression_text
 from devkit.azurite import DIE_WITH_PARENT, Azurite
 from devkit.evidence import EvidenceLog
 from soak.check import Report, check
@@ -159,6 +163,7 @@ class Options:
     delta: bool = True  # the DeltaSink poller (PostgreSQL)
     queue: bool = True  # the QueueSink poller (PostgreSQL)
     queue_every: int = 4  # it forwards the rows whose id is a multiple of this (where=)
+    shards: int = 1  # the SqlSink poller split over this many shards (shards=), each a poller
     burst: int | None = None  # rows; None: default_burst(seconds); 0: none
     without: frozenset[str] = frozenset()  # fault kinds left out
 
@@ -174,6 +179,9 @@ class Poller:
     mode: str  # "low" (low-latency) or "timer"
     sink: str  # "sql", "delta", "queue" or "none"
     every: int = 1  # it reads the rows whose id is a multiple of this (1: every row)
+    group: str = ""  # one shard's poller: the name of the sharded poller (``shards=``)
+    shard: int = 0  # its shard, from 0 ...
+    shards: int = 1  # ... of this many
 
     @property
     def key(self) -> afdb.PollerKey:
@@ -181,7 +189,26 @@ class Poller:
 
     @property
     def spec(self) -> str:
-        return f"{self.name}:{self.table}:{self.mode}:{self.sink}:{self.every}"
+        """How :mod:`soak.app` defines it: a sharded poller once, for all its shards."""
+        name = self.group or self.name
+        return f"{name}:{self.table}:{self.mode}:{self.sink}:{self.every}:{self.shards}"
+
+
+def sharded(poller: Poller, count: int) -> list[Poller]:
+    """``poller`` split over ``count`` shards: one poller each, named as the product names
+    them (``soak.shard-0-of-3``); ``[poller]`` for one."""
+    if count <= 1:
+        return [poller]
+    return [
+        dataclasses.replace(
+            poller,
+            name=Shard(i, count).poller_name(poller.name),
+            group=poller.name,
+            shard=i,
+            shards=count,
+        )
+        for i in range(count)
+    ]
 
 
 @dataclass(frozen=True)
@@ -295,9 +322,11 @@ class Soak:
         self.burst_started = False
 
     def make_pollers(self) -> list[Poller]:
-        """PostgreSQL: three pollers of the writers' table, one per sink."""
+        """PostgreSQL: three pollers of the writers' table, one per sink (the first split over
+        ``shards``)."""
         mode = "low" if self.o.poll_interval else "timer"
-        pollers = [Poller("soak", self.table, mode, "sql" if self.o.sink else "none")]
+        first = Poller("soak", self.table, mode, "sql" if self.o.sink else "none")
+        pollers = sharded(first, self.o.shards)
         if self.o.delta:
             pollers.append(Poller("soak_delta", self.table, mode, "delta"))
         if self.o.queue:
@@ -421,7 +450,7 @@ class Soak:
             "SOAK_SINK_URL": f"{sink_url}{'&' if '?' in sink_url else '?'}{name}",
             "SOAK_PG": self.o.pg,
             "SOAK_TABLE": self.table,
-            "SOAK_POLLERS": ",".join(p.spec for p in self.pollers),
+            "SOAK_POLLERS": ",".join(dict.fromkeys(p.spec for p in self.pollers)),
             "SOAK_CONTAINER": CONTAINER,
             "SOAK_DELTA": str(self.out / "delta"),
             "SOAK_QUEUE": self.queue_name,
@@ -736,6 +765,7 @@ class Soak:
             if self.proxies is not None:
                 self.proxies.close()
             self.dump_history()
+            self.dump_shards()
             self.dump_sinks()
             self.dump_quarantine()
             self.write_meta()
@@ -827,8 +857,13 @@ class Soak:
     def rows_after(self, poller: Poller, position: list[Any] | None) -> int:
         """How many rows the database orders after ``position`` (all rows if ``None``)."""
         table = sql.Identifier(poller.table)
-        # The poller's own rows (a poller with `every` reads a share of them).
+        # The poller's own rows (a poller with `every` reads a share of them, a shard its own).
         mine = sql.SQL("id %% {n} = 0").format(n=sql.Literal(poller.every))
+        if poller.shards > 1:
+            term = sql.SQL(self.shard_expression(poller).replace("%", "%%"))
+            mine = sql.SQL("{mine} AND {term} = {i}").format(
+                mine=mine, term=term, i=sql.Literal(poller.shard)
+            )
         with self.admin() as conn:
             if position is None:
                 every = sql.SQL("SELECT count(*) FROM {t} WHERE {mine}")
@@ -841,6 +876,33 @@ class Soak:
                 statement = after.format(t=table, mine=mine)
                 row = conn.execute(statement, (cursor, int(position[1]))).fetchone()
         return int(row[0]) if row else 0
+
+    def shard_expression(self, poller: Poller) -> str:
+        """The product's shard expression of ``poller``'s table (PostgreSQL, a bigint id)."""
+        key = sa.Column("id", sa.BigInteger())
+        dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+        return expression_text(dialect, [key], poller.shards)
+
+    def dump_shards(self) -> None:
+        """Which shard the database puts each row of a sharded poller's table in, for the
+        checker (``shards-<table>.json``: ``[id, shard]`` pairs)."""
+        for p in {p.table: p for p in self.pollers if p.shards > 1}.values():
+            rows = self.shard_rows(p)
+            if rows is not None:
+                (self.out / f"shards-{p.table}.json").write_text(json.dumps(rows))
+
+    def shard_rows(self, poller: Poller) -> list[list[Any]] | None:
+        """``[id, shard]`` of every row of ``poller``'s table, by the shard expression; ``None``
+        (and a harness line) when it cannot be read."""
+        query = sql.SQL("SELECT id, {e} FROM {t}").format(
+            e=sql.SQL(self.shard_expression(poller)), t=sql.Identifier(poller.table)
+        )
+        try:
+            with self.admin() as conn:
+                return [list(r) for r in conn.execute(query).fetchall()]
+        except psycopg.Error as exc:
+            self.harness.append(f"{poller.name}: cannot read its table's shards: {exc}")
+            return None
 
     def dump_history(self) -> None:
         """The history table, shared by the pollers of one table (the checker reads the
@@ -933,6 +995,7 @@ class Soak:
             "sink": self.o.sink,
             "delta": self.o.delta,
             "queue": self.o.queue,
+            "shards": self.o.shards,
             "burst": self.o.burst_rows,
             "without": sorted(self.o.without),
             "checkpoint_every": self.o.checkpoint_every,
@@ -952,6 +1015,9 @@ class Soak:
                 "rows_every": p.every,
                 "harness": [],
             }
+            if p.shards > 1:  # the checker owes it the rows the database puts in its shard
+                own["shard"] = {"index": p.shard, "count": p.shards, "of": p.group}
+                own["shard_map"] = f"shards-{p.table}.json"
             (self.out / p.name).mkdir(parents=True, exist_ok=True)
             (self.out / p.name / "meta.json").write_text(json.dumps(own, indent=2))
         meta["poller_names"] = [p.name for p in self.pollers]

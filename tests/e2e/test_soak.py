@@ -392,6 +392,58 @@ def test_a_soak_of_several_pollers_is_judged_per_poller(tmp_path: Path) -> None:
     assert any(v.startswith("(a)") for v in report.violations)
 
 
+def _sharded(
+    root: Path,
+    owner: dict[int, int | None],
+    delivered: dict[int, list[tuple[int, int]]],
+    sink: list[list[int]] | None = None,
+) -> Any:
+    """A soak of one poller split over two shards (rows 1 and 2; ``owner``: the shard the
+    database put each row in), each shard delivering ``delivered[shard]``; judged."""
+    names = ["s.shard-0-of-2", "s.shard-1-of-2"]
+    for index, name in enumerate(names):
+        (root / name).mkdir(parents=True)
+        e = Evidence(root / name)
+        e.meta |= {"shard": {"index": index, "count": 2, "of": "s"}, "shard_map": "shards-t.json"}
+        e.grant(0.5, 1)
+        e.commit(1.0, (1, 1), (2, 2))
+        e.commit(2.0, (1, 3))
+        e.sample(1.5, 1, 1, None)
+        if delivered[index]:
+            e.deliver(2.5, 1, *delivered[index])
+        if sink is not None:  # the shards share one sink table
+            (e.root / "sink.json").write_text(json.dumps(sink))
+        e.judge()
+    (root / "shards-t.json").write_text(json.dumps([[row, s] for row, s in owner.items()]))
+    (root / "meta.json").write_text(json.dumps({"seed": 1, "seconds": 10, "poller_names": names}))
+    _lines(root / "faults.jsonl", [{"ev": "fault", "t": 1, "kind": "kill_poller"}])
+    return check(root)
+
+
+def test_each_shard_owes_the_versions_of_the_rows_the_database_puts_in_it(
+    tmp_path: Path,
+) -> None:
+    """Shard 0 owes row 1's versions and shard 1 row 2's: together every committed version,
+    once; a row the other shard delivered is a phantom, one delivered by none is missing, and a
+    row the database puts in no shard fails the run even though no shard owes it."""
+    owner: dict[int, int | None] = {1: 0, 2: 1}
+    clean = _sharded(tmp_path / "clean", owner, {0: [(1, 3)], 1: [(2, 2)]})
+    assert clean.violations == []
+    assert clean.committed == 3  # each version owed by one shard
+    crossed = _sharded(tmp_path / "crossed", owner, {0: [(1, 3)], 1: [(2, 2), (1, 3)]})
+    assert (crossed.phantoms, crossed.phantom_examples) == (1, [(1, 3)])
+    lost = _sharded(tmp_path / "lost", owner, {0: [(1, 1)], 1: [(2, 2)]})
+    assert lost.missing_examples == [(1, 3)]
+    nowhere = _sharded(tmp_path / "nowhere", {1: 0, 2: None}, {0: [(1, 3)], 1: []})
+    assert (nowhere.unsharded, nowhere.unsharded_examples, nowhere.missing) == (1, [(2, 2)], 0)
+    assert any("in no shard" in v for v in nowhere.violations)
+    # One sink table: each shard is judged on its own rows, so a duplicate counts once.
+    sink = [[1, 3, 1], [2, 2, 1], [2, 2, 2]]
+    shared = _sharded(tmp_path / "sink", owner, {0: [(1, 3)], 1: [(2, 2)]}, sink)
+    assert (shared.sink_rows, shared.sink_duplicates) == (3, 1)
+    assert shared.sink_duplicate_examples == [(2, 2)]
+
+
 def test_a_duplicate_in_the_delta_table_fails_the_run(ev: Evidence) -> None:
     """The DeltaSink poller's table, read back by the driver's own code: a version written
     twice is a violation of (f), a version it lacks too."""
