@@ -888,8 +888,9 @@ class Soak:
         checker (``shards-<table>.json``: ``[id, shard]`` pairs)."""
         for p in {p.table: p for p in self.pollers if p.shards > 1}.values():
             rows = self.shard_rows(p)
-            if rows is not None:
-                (self.out / f"shards-{p.table}.json").write_text(json.dumps(rows))
+            if rows is not None:  # (MariaDB's MOD answers a DECIMAL)
+                pairs = [[row, None if shard is None else int(shard)] for row, shard in rows]
+                (self.out / f"shards-{p.table}.json").write_text(json.dumps(pairs))
 
     def shard_rows(self, poller: Poller) -> list[list[Any]] | None:
         """``[id, shard]`` of every row of ``poller``'s table, by the shard expression; ``None``
