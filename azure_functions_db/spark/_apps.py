@@ -18,7 +18,7 @@ from pathlib import Path
 
 from azure_functions_db.core.ports import Source
 from azure_functions_db.errors import ConfigurationError, SourceError
-from azure_functions_db.runtime.poller import PollerDefinition
+from azure_functions_db.runtime.poller import PollerDefinition, with_shards
 from azure_functions_db.sources import SqlSource
 from azure_functions_db.spark.task import AppVersion, app_version
 
@@ -97,10 +97,7 @@ def resolve(
             )
         return str(Path(path).resolve()), app
     text = os.fspath(app)
-    module_part, colon, attr = text.partition(":")
-    spec = text
-    if Path(module_part).exists():
-        spec = str(Path(module_part).resolve()) + colon + attr
+    spec = _spec(text)
     pollers = load_pollers(spec)
     if poller is None:
         if len(pollers) != 1:
@@ -110,7 +107,34 @@ def resolve(
             )
         (poller,) = pollers
     if poller not in pollers:
+        shards = with_shards(pollers, [poller])
+        if shards != [poller]:
+            raise ConfigurationError(
+                f"Poller `{poller}` is split over {len(shards)} shards ({', '.join(shards)}): "
+                f"a backfill runs one shard, up to its own live position; name it, e.g. "
+                f"`{shards[0]}`, or run `afdb backfill {text} --poller {poller}`, which "
+                "backfills each shard in turn."
+            )
         raise ConfigurationError(
             f"Unknown poller `{poller}` in `{text}`; defined: {', '.join(sorted(pollers))}"
         )
     return spec, pollers[poller]
+
+
+def backfill_names(app: str | os.PathLike[str], poller: str | None) -> list[str | None]:
+    """The pollers ``afdb backfill --poller NAME`` runs, in turn: a sharded poller's name
+    stands for its shards; any other name (or none) for itself."""
+    from azure_functions_db.runtime.loader import load_pollers
+
+    if poller is None:
+        return [None]
+    return list(with_shards(load_pollers(_spec(os.fspath(app))), [poller]))
+
+
+def _spec(text: str) -> str:
+    """An app given by path (``path[:attr]``) as its resolved path, so executors find it
+    from any working directory; a module name as it is."""
+    module_part, colon, attr = text.partition(":")
+    if Path(module_part).exists():
+        return str(Path(module_part).resolve()) + colon + attr
+    return text

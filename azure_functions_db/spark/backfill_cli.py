@@ -17,7 +17,8 @@ from rich.progress import (
 )
 from rich.table import Column
 
-from azure_functions_db.spark.job import BackfillProgress, backfill
+from azure_functions_db.spark._apps import backfill_names
+from azure_functions_db.spark.job import BackfillProgress, BackfillReport, backfill
 
 
 def _eta(seconds: float | None) -> str:
@@ -29,7 +30,20 @@ def _eta(seconds: float | None) -> str:
 
 
 def run_backfill_command(args: argparse.Namespace, console: Console, stderr: Console) -> int:
-    """Run the backfill the arguments describe; 0 when it finished."""
+    """Run the backfill the arguments describe (a sharded poller's name: each shard's in turn,
+    one run each, ``--json`` then printing a list of reports); 0 when it finished."""
+    names = backfill_names(args.app, args.poller)
+    reports = [_run_one(args, name, console, stderr) for name in names]
+    if args.json:
+        docs = [r.to_json() for r in reports]
+        sys.stdout.write(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2) + "\n")
+    return 0
+
+
+def _run_one(
+    args: argparse.Namespace, poller: str | None, console: Console, stderr: Console
+) -> BackfillReport:
+    """One poller's backfill, with its progress display; its report printed unless ``--json``."""
     # Below 120 columns: one line of text that wraps, no bar; the numbers are never cut.
     if stderr.width >= 120:
         columns: tuple[ProgressColumn, ...] = (
@@ -85,7 +99,7 @@ def run_backfill_command(args: argparse.Namespace, console: Console, stderr: Con
     with bar:
         report = backfill(
             args.app,
-            args.poller,
+            poller,
             start=args.start,
             end=args.end,
             partitions=args.partitions,
@@ -97,8 +111,7 @@ def run_backfill_command(args: argparse.Namespace, console: Console, stderr: Con
             settings=args.app_settings,  # read by cli.main before the app was imported
         )
     if args.json:
-        sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
-        return 0
+        return report
     console.print(
         f"{report.poller}: backfill run {report.run_id} finished: {report.rows} row(s) in "
         f"{report.chunks_run} chunk(s) ({report.chunks_skipped} already finished), "
@@ -114,4 +127,4 @@ def run_backfill_command(args: argparse.Namespace, console: Console, stderr: Con
         f"  total over the run: {report.rows_total} row(s), {report.batches} batch(es); "
         f"state {report.store} (namespace {report.namespace})"
     )
-    return 0
+    return report

@@ -26,7 +26,7 @@ import sqlalchemy as sa
 from azure_functions_db.cli import EXIT_OK, main
 from azure_functions_db.core.checkpoint import PollerKey
 from azure_functions_db.core.engine import Engine
-from azure_functions_db.errors import CheckpointConflictError, LeaseLostError
+from azure_functions_db.errors import CheckpointConflictError, ConfigurationError, LeaseLostError
 from azure_functions_db.runtime.loader import load_pollers
 from azure_functions_db.spark import backfill
 from azure_functions_db.spark.chunk import BoundedSource, run_chunk
@@ -50,6 +50,7 @@ APP = textwrap.dedent(
 
     db = afdb.PollerBlueprint()
     OUT = Path(os.environ["BF_OUT"])
+    SHARDS = int(os.environ.get("BF_SHARDS") or 1)
 
     @db.poller(
         name="orders",
@@ -65,6 +66,7 @@ APP = textwrap.dedent(
             if os.environ.get("BF_CONTAINER")
             else None
         ),
+        **({"shards": SHARDS} if SHARDS > 1 else {}),
     )
     def on_orders(batch: afdb.Batch) -> None:
         with OUT.open("a") as f:
@@ -87,7 +89,7 @@ def app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("BF_OUT", str(tmp_path / "delivered.txt"))
     monkeypatch.setenv("AFDB_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.setenv("BF_LEASE", "15")
-    for name in ("BF_SCHEMA", "BF_SLOW", "BF_BATCH", "BF_CONTAINER", "BF_EVENTS"):
+    for name in ("BF_SCHEMA", "BF_SLOW", "BF_BATCH", "BF_CONTAINER", "BF_EVENTS", "BF_SHARDS"):
         monkeypatch.delenv(name, raising=False)
     return path
 
@@ -165,6 +167,48 @@ def test_sqlite_backfill_seeds_the_live_poller_and_hands_off(app, orders, spark,
     again = backfill(app, "orders", spark=spark, run_id="r1")
     assert (again.chunks_run, again.chunks_skipped, again.rows) == (0, 4, 0)
     assert len(delivered(out, "backfill")) == report.rows
+
+
+def test_a_shard_backfills_its_own_rows_and_the_cli_backfills_every_shard(
+    app, orders, spark, monkeypatch, capsys
+):
+    """A sharded poller's shard backfills the rows of its shard up to its own H0 (seeding its
+    own live checkpoint), with the event ids its live poller gives them; the API refuses the
+    sharded poller's own name, naming the shards, and `afdb backfill` backfills each shard."""
+    monkeypatch.setenv("BF_SHARDS", "3")
+    events = app.parent / "events.txt"
+    monkeypatch.setenv("BF_EVENTS", str(events))
+    orders.insert(range(1, 31))
+    out = app.parent / "delivered.txt"
+    report = backfill(app, "orders.shard-1-of-3", partitions=2, spark=spark, run_id="s1")
+    assert sorted(delivered(out, "backfill")) == list(range(1, 31, 3))  # SQLite: id % 3
+    assert report.h0 is not None
+    assert report.h0.pk == (28,)
+    store = store_of(app)
+    seeded = store.read(PollerKey("live", "orders.shard-1-of-3"))
+    assert seeded is not None
+    assert seeded.checkpoint.position == report.h0
+    assert store.read(PollerKey("live", "orders.shard-0-of-3")) is None
+    lines = [line.split() for line in events.read_text().splitlines()]
+    assert {poller for _, _, poller, _, _ in lines} == {"orders"}  # the event ids' poller
+    with pytest.raises(ConfigurationError, match=r"orders\.shard-0-of-3.*orders\.shard-2-of-3"):
+        backfill(app, "orders", spark=spark)
+    # The command line: every shard, one run each (shard 1 finished run s1: nothing to do).
+    out.unlink()
+    capsys.readouterr()
+    command = ["backfill", str(app), "--poller", "orders", "--partitions", "2", "--run-id", "s1"]
+    assert main(command) == EXIT_OK
+    text = capsys.readouterr().out
+    for shard in range(3):
+        assert f"orders.shard-{shard}-of-3: backfill run" in text
+    assert sorted(delivered(out, "backfill")) == [i for i in range(1, 31) if i % 3 != 1]
+    for shard in range(3):
+        assert store.read(PollerKey("live", f"orders.shard-{shard}-of-3")) is not None
+    capsys.readouterr()
+    assert main([*command, "--json"]) == EXIT_OK
+    docs = json.loads(capsys.readouterr().out)  # one report per shard
+    assert [d["poller"] for d in docs] == [f"orders.shard-{i}-of-3" for i in range(3)]
+    assert [d["rows"] for d in docs] == [0, 0, 0]  # each run s1 finished: nothing redone
 
 
 def test_one_event_id_per_row_version_through_live_backfills_and_replay(
