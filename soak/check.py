@@ -39,7 +39,7 @@ Violations (any one fails the soak):
     failure while a poison batch was split) are reported, not judged.
 (a) ``unsharded``: with a sharded poller (``shards=``), a committed version of a row the database
     puts in no shard (its shard value is NULL or not one of ``0 .. N-1``). Each shard's folder
-    is judged on the rows the database puts in its shard (``shards-<table>.json``, dumped from
+    is judged on the rows the database puts in its shard (``shards-<poller>.json``, dumped from
     the product's shard expression at the end): a version of another shard's row it delivered
     is a phantom, and its sink and queue are judged on its rows.
 ``harness``: the evidence contradicts itself (a COMMIT the writer saw return is not in the history
@@ -96,6 +96,8 @@ INJECTED = ("soak: injected handler failure", "soak: planted poison version")
 # The engine's events that end a handler call's batch: acknowledged, or not.
 _ENDS_OF_A_CALL = ("batch_committed", "commit_rejected", "lease_lost", "handler_failed")
 EXAMPLES = 10
+#: The report's counts of the writers' own outcomes (not of a poller's deliveries).
+WRITERS_OUTCOMES = ("unknown_commits", "unknown_resolved_committed", "rolled_back")
 
 
 @dataclass
@@ -327,10 +329,17 @@ def merge(reports: Mapping[str, Report], meta: Mapping[str, Any]) -> Report:
         poller_exits=int(meta.get("poller_exits", 0)),
     )
     merged.harness.extend(meta.get("harness", []))
+    # PostgreSQL's pollers read one table: its writers' outcomes are every poller's, counted
+    # once; MariaDB's read a table each, whose outcomes add up (a transaction over two tables
+    # counts in each).
+    shared = meta.get("db", "pg") == "pg"
     for name, part in reports.items():
         merged.faults = part.faults
         for f in fields(Report):
             if f.name in ("control", "seed", "seconds", "poller_exits", "faults"):
+                continue
+            if shared and f.name in WRITERS_OUTCOMES:
+                setattr(merged, f.name, getattr(part, f.name))
                 continue
             mine, theirs = getattr(merged, f.name), getattr(part, f.name)
             if f.name in ("longest_standstill", "delay_p50", "delay_p99"):
@@ -534,7 +543,7 @@ def _commits(
                 report.harness.append(
                     f"COMMIT returned for {lost[:3]} but the history table lacks them"
                 )
-        elif ev["ev"] == "unknown":
+        elif ev["ev"] == "unknown" and pairs:  # (MariaDB: of a transaction on this table)
             report.unknown_commits += 1
             landed = [p for p in pairs if p in history]
             report.unknown_resolved_committed += 1 if landed else 0
@@ -760,8 +769,8 @@ def main(argv: Sequence[str]) -> int:
                 f"python -m soak --db {meta.get('db', 'pg')} --seconds {meta['seconds']:g} "
                 f"--fault-every {float(meta.get('fault_every', 4.0)):g} --seed {meta['seed']}"
             )
-            if int(meta.get("shards", 1)) > 1:
-                command += f" --shards {int(meta['shards'])}"
+        if int(meta.get("shards", 1)) > 1:
+            command += f" --shards {int(meta['shards'])}"
         sys.stdout.write(report.markdown(command) + "\n")
     else:
         sys.stdout.write(report.summary() + "\n")

@@ -127,7 +127,7 @@ class MariaSoak(Soak):
                 "SOAK_DB_URL": poller_url,
                 "SOAK_SINK_URL": poller_url,
                 "SOAK_MARIA_WRITER_URL": self.url(self.writer_user, "mysql"),
-                "SOAK_TABLES": ",".join(p.table for p in self.pollers),
+                "SOAK_TABLES": ",".join(dict.fromkeys(p.table for p in self.pollers)),
                 "SOAK_ZONE": ZONE,
                 "SOAK_ZONE_OFFSET": ZONE_OFFSET,
                 "SOAK_EVIDENCE": str(self.out / "writers"),

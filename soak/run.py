@@ -885,12 +885,12 @@ class Soak:
 
     def dump_shards(self) -> None:
         """Which shard the database puts each row of a sharded poller's table in, for the
-        checker (``shards-<table>.json``: ``[id, shard]`` pairs)."""
-        for p in {p.table: p for p in self.pollers if p.shards > 1}.values():
+        checker (``shards-<poller>.json``: ``[id, shard]`` pairs)."""
+        for p in {p.group: p for p in self.pollers if p.shards > 1}.values():
             rows = self.shard_rows(p)
             if rows is not None:  # (MariaDB's MOD answers a DECIMAL)
                 pairs = [[row, None if shard is None else int(shard)] for row, shard in rows]
-                (self.out / f"shards-{p.table}.json").write_text(json.dumps(pairs))
+                (self.out / f"shards-{p.group}.json").write_text(json.dumps(pairs))
 
     def shard_rows(self, poller: Poller) -> list[list[Any]] | None:
         """``[id, shard]`` of every row of ``poller``'s table, by the shard expression; ``None``
@@ -1018,7 +1018,7 @@ class Soak:
             }
             if p.shards > 1:  # the checker owes it the rows the database puts in its shard
                 own["shard"] = {"index": p.shard, "count": p.shards, "of": p.group}
-                own["shard_map"] = f"shards-{p.table}.json"
+                own["shard_map"] = f"shards-{p.group}.json"
             (self.out / p.name).mkdir(parents=True, exist_ok=True)
             (self.out / p.name / "meta.json").write_text(json.dumps(own, indent=2))
         meta["poller_names"] = [p.name for p in self.pollers]

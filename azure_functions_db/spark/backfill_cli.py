@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
+import os
 import sys
+from typing import Any
 
 from rich.console import Console
 from rich.progress import (
@@ -17,8 +20,11 @@ from rich.progress import (
 )
 from rich.table import Column
 
-from azure_functions_db.spark._apps import backfill_names
+from azure_functions_db.errors import ConfigurationError
+from azure_functions_db.spark._apps import backfill_names, driver_definition
+from azure_functions_db.spark._session import session_for
 from azure_functions_db.spark.job import BackfillProgress, BackfillReport, backfill
+from azure_functions_db.spark.records import unfinished_runs
 
 
 def _eta(seconds: float | None) -> str:
@@ -30,18 +36,76 @@ def _eta(seconds: float | None) -> str:
 
 
 def run_backfill_command(args: argparse.Namespace, console: Console, stderr: Console) -> int:
-    """Run the backfill the arguments describe (a sharded poller's name: each shard's in turn,
-    one run each, ``--json`` then printing a list of reports); 0 when it finished."""
+    """Run the backfill the arguments describe; 0 when it finished. A sharded poller's name
+    backfills each shard: every shard's run planned first (so each shard's H0 is its live
+    position now, seeded at once into a shard with no checkpoint), under one run id, then run
+    in turn; ``--json`` prints a list of reports (those finished, when one fails)."""
     names = backfill_names(args.app, args.poller)
-    reports = [_run_one(args, name, console, stderr) for name in names]
-    if args.json:
-        docs = [r.to_json() for r in reports]
-        sys.stdout.write(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2) + "\n")
+    if len(names) == 1:
+        report = _run_one(args, names[0], console, stderr)
+        if args.json:
+            sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
+        return 0
+    shards = [name for name in names if name is not None]
+    args.run_id = _shared_run_id(args, shards)
+    session, owned = session_for(None, args.master)  # one Spark session for every shard
+    reports: list[BackfillReport] = []
+    try:
+        for name in shards:
+            backfill(
+                args.app,
+                name,
+                start=args.start,
+                end=args.end,
+                partitions=args.partitions,
+                namespace=args.namespace,
+                run_id=args.run_id,
+                plan_only=True,
+                spark=session,
+                settings=args.app_settings,
+            )
+        for name in shards:
+            reports.append(_run_one(args, name, console, stderr, session))
+    finally:
+        if args.json:  # what finished, also when a shard failed (its error follows)
+            sys.stdout.write(json.dumps([r.to_json() for r in reports], indent=2) + "\n")
+        if owned:
+            session.stop()
     return 0
 
 
+def _shared_run_id(args: argparse.Namespace, shards: list[str]) -> str:
+    """The run id every shard's backfill uses: ``--run-id``; else, unless ``--new-run``, the
+    one unfinished run of the shards (resumed: a shard whose run finished is skipped); else a
+    new one named by the UTC time. Refuses, before any shard runs, when shards have different
+    unfinished runs, or one with ``--from``/``--to`` given (resuming would ignore them)."""
+    if args.run_id is not None:
+        return str(args.run_id)
+    if not args.new_run:
+        env = dict(os.environ if args.app_settings is None else args.app_settings)
+        unfinished: dict[str, list[str]] = {}
+        for name in shards:
+            _, definition = driver_definition(args.app, name, env)
+            for record in unfinished_runs(definition.store(env), args.namespace, name):
+                unfinished.setdefault(record.run_id, []).append(name)
+        found = ", ".join(f"`{r}` ({', '.join(n)})" for r, n in sorted(unfinished.items()))
+        if len(unfinished) > 1 or (unfinished and (args.start, args.end) != (None, None)):
+            raise ConfigurationError(
+                f"Shards of `{args.poller}` have unfinished backfill runs: {found}. Resume one "
+                "with `--run-id ID` (its own range), or start another with `--new-run`."
+            )
+        if unfinished:
+            (run_id,) = unfinished
+            return run_id
+    return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+
+
 def _run_one(
-    args: argparse.Namespace, poller: str | None, console: Console, stderr: Console
+    args: argparse.Namespace,
+    poller: str | None,
+    console: Console,
+    stderr: Console,
+    spark: Any = None,
 ) -> BackfillReport:
     """One poller's backfill, with its progress display; its report printed unless ``--json``."""
     # Below 120 columns: one line of text that wraps, no bar; the numbers are never cut.
@@ -107,6 +171,7 @@ def _run_one(
             namespace=args.namespace,
             run_id=args.run_id,
             new_run=args.new_run,
+            spark=spark,
             progress=show,
             settings=args.app_settings,  # read by cli.main before the app was imported
         )

@@ -76,6 +76,7 @@ class BackfillReport:
     retries: int
     seconds: float
     resumed: bool = False  # an unfinished run taken up without its id
+    planned: bool = False  # ``plan_only``: planned and recorded, no chunk run
 
     @property
     def rate(self) -> float:
@@ -91,7 +92,7 @@ class BackfillReport:
             "poller": self.poller,
             "namespace": self.namespace,
             "run_id": self.run_id,
-            "status": "finished",
+            "status": "planned" if self.planned else "finished",
             "store": self.store,
             "h0": pos(self.h0),
             "h0_text": str(self.h0) if self.h0 else None,
@@ -124,6 +125,7 @@ def backfill(
     namespace: str = "backfill",
     run_id: str | None = None,
     new_run: bool = False,
+    plan_only: bool = False,
     spark: Any = None,
     settings: Mapping[str, str] | None = None,
     progress: ProgressCallback | None = None,
@@ -147,6 +149,9 @@ def backfill(
             ``backfill_resumed``; with ``start``/``end`` given, refused naming its id), else a
             new run named by the UTC start time.
         new_run: Start a new run even when an unfinished one exists.
+        plan_only: Plan and record the run (seeding the live checkpoint with H0 when it has
+            none) and run no chunk; the next call with the run's id runs it. `afdb backfill`
+            plans every shard of a sharded poller this way before running any.
         spark: An existing ``SparkSession`` (a notebook's), used and left running.
         settings: App settings (``%NAME%`` values), default the environment; shipped to the
             executors, which set them as environment variables before importing the app.
@@ -201,6 +206,37 @@ def backfill(
             by=f"afdb-backfill:{operator_identity()}",
             now=definition.clock.now(),
         )
+        if plan_only:
+            log_event(
+                logger,
+                logging.INFO,
+                "backfill_planned",
+                poller=definition.name,
+                namespace=namespace,
+                run=run_id,
+                h0=record.h0,
+                chunks=len(chunks),
+            )
+            return BackfillReport(
+                poller=definition.name,
+                namespace=namespace,
+                run_id=run_id,
+                store=store.describe(),
+                h0=record.h0,
+                start=record.start,
+                end=record.end,
+                chunks=len(chunks),
+                chunks_run=0,
+                chunks_skipped=0,
+                rows=0,
+                rows_total=0,
+                rows_estimated=record.estimate,
+                batches=0,
+                retries=0,
+                seconds=time.monotonic() - began,
+                resumed=resumed,
+                planned=True,
+            )
         pending = [c for c in chunks if not _finished(store, record, c)]
         log_event(
             logger,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from azure_functions_db.cli import EXIT_OK, main
+from azure_functions_db.cli import EXIT_OK, EXIT_USAGE, main
 from azure_functions_db.core.checkpoint import PollerKey
 from azure_functions_db.core.engine import Engine
 from azure_functions_db.errors import CheckpointConflictError, ConfigurationError, LeaseLostError
@@ -170,11 +171,13 @@ def test_sqlite_backfill_seeds_the_live_poller_and_hands_off(app, orders, spark,
 
 
 def test_a_shard_backfills_its_own_rows_and_the_cli_backfills_every_shard(
-    app, orders, spark, monkeypatch, capsys
+    app, orders, spark, *, monkeypatch, capsys, caplog
 ):
     """A sharded poller's shard backfills the rows of its shard up to its own H0 (seeding its
     own live checkpoint), with the event ids its live poller gives them; the API refuses the
-    sharded poller's own name, naming the shards, and `afdb backfill` backfills each shard."""
+    sharded poller's own name, naming the shards. `afdb backfill` given that name plans every
+    shard's run (seeding each H0) before it runs any, all under one run id: the shards'
+    unfinished run, resumed, or a new one; refused up front when `--from` would be ignored."""
     monkeypatch.setenv("BF_SHARDS", "3")
     events = app.parent / "events.txt"
     monkeypatch.setenv("BF_EVENTS", str(events))
@@ -193,22 +196,40 @@ def test_a_shard_backfills_its_own_rows_and_the_cli_backfills_every_shard(
     assert {poller for _, _, poller, _, _ in lines} == {"orders"}  # the event ids' poller
     with pytest.raises(ConfigurationError, match=r"orders\.shard-0-of-3.*orders\.shard-2-of-3"):
         backfill(app, "orders", spark=spark)
-    # The command line: every shard, one run each (shard 1 finished run s1: nothing to do).
+    # A run planned, not run: shard 0's run p1 is unfinished, its H0 seeded.
+    planned = backfill(app, "orders.shard-0-of-3", spark=spark, run_id="p1", plan_only=True)
+    assert (planned.to_json()["status"], planned.rows) == ("planned", 0)
+    assert planned.h0 is not None
+    assert planned.h0.pk == (30,)  # shard 0's own newest row
+    assert store.read(PollerKey("live", "orders.shard-0-of-3")) is not None
     out.unlink()
+    command = ["backfill", str(app), "--poller", "orders", "--partitions", "2"]
+    assert main([*command, "--from", "2026-01-01 12:00:00"]) == EXIT_USAGE  # p1 would ignore it
+    assert not out.exists()
+    # Without a run id: p1 resumed for every shard, each planned before any shard runs.
     capsys.readouterr()
-    command = ["backfill", str(app), "--poller", "orders", "--partitions", "2", "--run-id", "s1"]
-    assert main(command) == EXIT_OK
-    text = capsys.readouterr().out
-    for shard in range(3):
-        assert f"orders.shard-{shard}-of-3: backfill run" in text
-    assert sorted(delivered(out, "backfill")) == [i for i in range(1, 31) if i % 3 != 1]
-    for shard in range(3):
-        assert store.read(PollerKey("live", f"orders.shard-{shard}-of-3")) is not None
-    capsys.readouterr()
+    caplog.set_level(logging.INFO, logger="azure_functions_db.spark.job")
+    caplog.clear()
     assert main([*command, "--json"]) == EXIT_OK
     docs = json.loads(capsys.readouterr().out)  # one report per shard
-    assert [d["poller"] for d in docs] == [f"orders.shard-{i}-of-3" for i in range(3)]
-    assert [d["rows"] for d in docs] == [0, 0, 0]  # each run s1 finished: nothing redone
+    assert [(d["poller"], d["run_id"]) for d in docs] == [
+        (f"orders.shard-{i}-of-3", "p1") for i in range(3)
+    ]
+    assert sorted(delivered(out, "backfill")) == list(range(1, 31))  # each shard up to its H0
+    steps = {"action=backfill_planned", "action=backfill_start"}
+    actions = [r.getMessage().split()[0] for r in caplog.records]
+    actions = [a for a in actions if a in steps]
+    assert actions[:3] == ["action=backfill_planned"] * 3
+    assert actions[3:] == ["action=backfill_start"] * 3
+    for shard in range(3):
+        assert store.read(PollerKey("live", f"orders.shard-{shard}-of-3")) is not None
+    # Again with its id: every shard's run p1 is finished, nothing is redone.
+    capsys.readouterr()
+    assert main([*command, "--run-id", "p1"]) == EXIT_OK
+    text = capsys.readouterr().out
+    for shard in range(3):
+        assert f"orders.shard-{shard}-of-3: backfill run p1 finished: 0 row(s)" in text
+    assert len(delivered(out, "backfill")) == 30
 
 
 def test_one_event_id_per_row_version_through_live_backfills_and_replay(
