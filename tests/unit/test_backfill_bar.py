@@ -36,6 +36,7 @@ def test_the_progress_line_is_never_cut(width, monkeypatch):
         raise SystemExit(0)
 
     monkeypatch.setattr(backfill_cli, "backfill", fake_backfill)
+    monkeypatch.setattr(backfill_cli, "backfill_names", lambda _app, poller: [poller])
     args = argparse.Namespace(
         json=False, app="a", poller="p", start=None, end=None, partitions=None, master="local",
         namespace="backfill", run_id=None, new_run=False, app_settings={},
