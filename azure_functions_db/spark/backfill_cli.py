@@ -91,7 +91,8 @@ def _shared_run_id(args: argparse.Namespace, shards: list[str]) -> str:
         found = ", ".join(f"`{r}` ({', '.join(n)})" for r, n in sorted(unfinished.items()))
         if len(unfinished) > 1 or (unfinished and (args.start, args.end) != (None, None)):
             raise ConfigurationError(
-                f"Shards of `{args.poller}` have unfinished backfill runs: {found}. Resume one "
+                f"Shards of `{shards[0].rpartition('.shard-')[0]}` have unfinished backfill "
+                f"runs: {found}. Resume one "
                 "with `--run-id ID` (its own range), or start another with `--new-run`."
             )
         if unfinished:
