@@ -19,11 +19,13 @@ AZURITE_STAMP := $(AZURITE_DIR)/node_modules/.installed
 # Debian packages the tests need (tools/debian-packages.sh says why each).
 DEBIAN_PACKAGES := faketime gdb unixodbc odbc-postgresql odbc-mariadb libpostgresql-jdbc-java
 
-# `make soak SECONDS=1800 SEED=7 DB=mariadb`: how long the writers write (on each database), the
-# fault schedule's seed, and which database: pg, mariadb, or both (one after the other).
+# `make soak SECONDS=1800 SEED=7 DB=mariadb SHARDS=3`: how long the writers write (on each
+# database), the fault schedule's seed, which database: pg, mariadb, or both (one after the
+# other), and how many shards the first poller is split over (1: not sharded).
 SECONDS ?= 90
 SEED    ?= random
 DB      ?= both
+SHARDS  ?= 1
 
 .PHONY: help demo test soak soak-long lint format bench azurite wheel debian-packages clean
 
@@ -57,8 +59,8 @@ debian-packages: ## Install the Debian packages the tests need (as root; else pr
 test: debian-packages $(STAMP) $(AZURITE_STAMP) ## Run the whole test suite (Blob/Table tests against Azurite)
 	$(BIN)/python -m pytest
 
-soak: debian-packages $(STAMP) $(AZURITE_STAMP) ## Chaos soak on PostgreSQL and MariaDB + Azurite (DB=both SECONDS=90 SEED=random)
-	$(BIN)/python -m soak --db $(DB) --seconds $(SECONDS) --seed $(SEED)
+soak: debian-packages $(STAMP) $(AZURITE_STAMP) ## Chaos soak on PostgreSQL and MariaDB + Azurite (DB=both SECONDS=90 SEED=random SHARDS=1)
+	$(BIN)/python -m soak --db $(DB) --seconds $(SECONDS) --seed $(SEED) --shards $(SHARDS)
 
 soak-long: debian-packages $(STAMP) $(AZURITE_STAMP) ## The two-hour chaos soak on PostgreSQL, all three sinks (a fault every 6 s: about 1,200; SEED=random)
 	$(BIN)/python -m soak --db pg --seconds 7200 --fault-every 6 --seed $(SEED)
