@@ -15,7 +15,8 @@ The shard value is either
 Per dialect (``k`` the pk, several columns joined with ``'|'``)::
 
     postgresql  mod(coalesce(hashtext(CAST(k AS text))::bigint, 0) + 2147483648, N)
-    mysql       MOD(COALESCE(CRC32(k), 0), N)          (MariaDB too)
+    mysql       MOD(COALESCE(CRC32(k), 0), N)          (MariaDB too; a string column is
+                                                       hashed as WEIGHT_STRING(RTRIM(col)))
     mssql       (COALESCE(CAST(CHECKSUM(k) AS BIGINT), 0) + 2147483648) % N
     sqlite      ((COALESCE(k, 0) % N) + N) % N          (one integer pk column: no hash)
 
@@ -102,7 +103,14 @@ def expression_text(dialect: sa.Dialect, pk: Sequence[sa.Column[Any]], count: in
         key = " || '|' || ".join(f"CAST({n} AS text)" for n in names)
         return f"mod(coalesce(hashtext({key})::bigint, 0) + 2147483648, {count})"
     if name in ("mysql", "mariadb"):
-        key = names[0] if len(names) == 1 else f"CONCAT_WS('|', {', '.join(names)})"
+        # A string key is hashed by its collation's weights, trailing spaces trimmed: keys the
+        # database holds equal ('abc', 'ABC', 'abc ' under a case-insensitive PAD SPACE
+        # collation) are one row, which must stay in one shard when its key is so updated.
+        parts = [
+            f"WEIGHT_STRING(RTRIM({n}))" if _string(column) else n
+            for n, column in zip(names, pk, strict=True)
+        ]
+        key = parts[0] if len(parts) == 1 else f"CONCAT_WS('|', {', '.join(parts)})"
         return f"MOD(COALESCE(CRC32({key}), 0), {count})"
     if name == "mssql":
         return f"(COALESCE(CAST(CHECKSUM({', '.join(names)}) AS BIGINT), 0) + 2147483648) % {count}"
@@ -146,6 +154,14 @@ def _check_key_types(dialect: str, pk: Sequence[sa.Column[Any]], count: int) -> 
                 f"pick a row's shard: add a generated column `afdb_shard_{count}` holding 0 to "
                 f"{count - 1} from the key (see docs/scale.md)."
             )
+
+
+def _string(column: sa.Column[Any]) -> bool:
+    """Whether the key column holds text (compared under a collation)."""
+    try:
+        return column.type.python_type is str
+    except NotImplementedError:
+        return False
 
 
 def _integer(column: sa.Column[Any]) -> bool:

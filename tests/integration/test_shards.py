@@ -5,6 +5,7 @@ with and without it.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from typing import Any
 
@@ -103,3 +104,45 @@ def test_mariadb_shards_use_the_generated_column_and_its_index(maria, opened):
     assert "filesort" not in (row["Extra"] or ""), row  # the index delivers the order
     assert int(row["rows"]) < ROWS / 2, row
     split_exactly(maria, parts)
+
+
+def test_mariadb_keys_the_collation_holds_equal_stay_in_one_shard(maria, opened):
+    """Under the default case-insensitive PAD SPACE collation `k7-x`, `K7-X` and `k7-X  ` are
+    one key: a row whose key is updated between them stays in its shard (the hash reads the
+    collation's weights), so its versions keep their order; keys the collation tells apart
+    still spread over the shards."""
+    keys = [f"k{i}-x" for i in range(200)]
+    maria.table(
+        "cased",
+        [
+            sa.Column("id", sa.String(40), primary_key=True),
+            sa.Column("updated_at", sa.DateTime, nullable=False),
+        ],
+        [{"id": k, "updated_at": dt.datetime(2026, 1, 1)} for k in keys],
+        index=["updated_at", "id"],
+    )
+    parts = []
+    for index in range(SHARDS):
+        part = SqlSource(maria.url, "cased", "updated_at", "id").shard(index, SHARDS)
+        part.open({})
+        opened.append(part)
+        parts.append(part)
+
+    def shards_of(key: str) -> list[int]:
+        return [
+            i
+            for i, part in enumerate(parts)
+            if key in {r.position.pk[0] for r in part.fetch(None, 1000, NO_HORIZON)}
+        ]
+
+    spread = [len(part.fetch(None, 1000, NO_HORIZON)) for part in parts]
+    assert sum(spread) == len(keys)
+    assert min(spread) > len(keys) / SHARDS / 2, spread
+    (home,) = shards_of("k7-x")
+    for spelled in ("K7-X", "k7-X  "):
+        with maria.engine.begin() as conn:
+            update = sa.text("UPDATE cased SET id = :new WHERE id = 'k7-x'")
+            conn.execute(update, {"new": spelled})
+        assert shards_of(spelled) == [home], spelled
+        with maria.engine.begin() as conn:
+            conn.execute(sa.text("UPDATE cased SET id = 'k7-x' WHERE id = :old"), {"old": spelled})
