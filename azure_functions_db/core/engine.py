@@ -180,7 +180,11 @@ class Engine(PoisonRuns, HealthRuns):
             on_acquired=acquired,
             initial=None
             if cfg.start != "now" or cfg.resharded_from is not None
-            else lambda: start_now(self.source, cfg.key, self.clock, self._retrying, self._log),
+            else reshard.checked_start(
+                cfg,
+                self.store,
+                lambda: start_now(self.source, cfg.key, self.clock, self._retrying, self._log),
+            ),
         ) as claim:
             if claim is None:
                 info = self.store.inspect(cfg.key)

@@ -17,6 +17,7 @@ time, and nothing is acknowledged.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from azure_functions_db.core.checkpoint import Checkpoint, PollerKey
 from azure_functions_db.core.config import PollerConfig
@@ -71,6 +72,32 @@ def refusal(
     if refused is None:
         _LOOKED.add((id(store), checkpoint.key))
     return refused
+
+
+def first_position_refusal(config: PollerConfig, store: StateStore) -> ReshardError | None:
+    """Why a poller that has no position yet must not be given one other than by ``afdb
+    reshard`` (``start="now"``, a backfill's handoff): it waits for a reshard, or pollers of
+    another shard count of its table are in use. ``None``: it may."""
+    if config.draining:
+        return None
+    if config.resharded_from is not None:
+        return refusal(Checkpoint(key=config.key), config)
+    return _other_counts(store, config, config.key)
+
+
+def checked_start(
+    config: PollerConfig, store: StateStore, start: Callable[[], Checkpoint]
+) -> Callable[[], Checkpoint]:
+    """``start`` (the first record of a ``start="now"`` poller, made under its lease), after
+    :func:`first_position_refusal`: positioned at the table's newest row, a poller whose
+    ``shards=`` changed without a reshard would skip the rows after the old checkpoints."""
+
+    def first() -> Checkpoint:
+        if (refused := first_position_refusal(config, store)) is not None:
+            raise refused
+        return start()
+
+    return first
 
 
 def _other_counts(store: StateStore, config: PollerConfig, key: PollerKey) -> ReshardError | None:

@@ -33,6 +33,7 @@ from azure_functions_db.core.checkpoint import Checkpoint, SeekAudit
 from azure_functions_db.core.logs import log_event
 from azure_functions_db.core.ports import BacklogSource, Horizon, Source, StateStore
 from azure_functions_db.core.position import KeyValue, Position
+from azure_functions_db.core.reshard import first_position_refusal
 from azure_functions_db.errors import (
     ConfigurationError,
     RecordExistsError,
@@ -69,6 +70,11 @@ def handoff_bound(
     stored = store.read(key)
     if stored is not None and stored.checkpoint.position is not None:
         return stored.checkpoint.position
+    # A first position: not for a poller waiting for `afdb reshard`, nor beside pollers of
+    # another shard count of its table (the live poller would skip what they did not read).
+    first = stored is None or stored.checkpoint.seek is None
+    if first and (refused := first_position_refusal(definition.config, store)) is not None:
+        raise refused
     h0 = source.latest(source.horizon())
     if h0 is None:
         return None

@@ -264,6 +264,37 @@ def test_changing_shards_without_a_reshard_is_refused_not_a_second_delivery(orde
     assert len(seen) == 60
 
 
+@pytest.mark.parametrize("start", ["now", "beginning"])
+def test_changing_shards_is_refused_whatever_the_start_and_no_backfill_seeds_a_way_around(
+    orders, tmp_path, start
+):
+    """A `start="now"` poller positions its first record at the table's newest row: with
+    `shards=` changed it would skip what the old shards had not read. It is refused before any
+    record is made, as with `start="beginning"`; so is a backfill's seed of its checkpoint, and
+    a backfill of a poller waiting for its reshard."""
+    from azure_functions_db.spark.plan import handoff_bound
+
+    seen: Seen = []
+    caught_up(app(orders, tmp_path, seen, shards=2, start=start))
+    orders.insert(range(61, 71), base=T0 + dt.timedelta(hours=1))  # not read by the old shards
+    changed = app(orders, tmp_path, seen, shards=3, start=start)
+    for definition in changed.pollers.values():
+        with pytest.raises(ReshardError, match=r"Add `resharded_from=2`"):
+            definition.run_once({})
+        store = definition.store({})
+        if start == "now":
+            assert store.read(definition.config.key) is None  # no record at the newest row
+        definition.source.open({})
+        with pytest.raises(ReshardError, match=r"Add `resharded_from=2`"):
+            handoff_bound(definition, store, run_id="r1", by="me", now=T0)
+    waiting = app(orders, tmp_path, seen, shards=3, resharded_from=2, start=start)
+    for definition in waiting.pollers.values():
+        definition.source.open({})
+        with pytest.raises(ReshardError, match=r"waits to be positioned"):
+            handoff_bound(definition, definition.store({}), run_id="r1", by="me", now=T0)
+    assert len(seen) == (60 if start == "beginning" else 0)  # the old shards' only
+
+
 def test_a_retired_checkpoint_is_a_schema_older_versions_refuse():
     from azure_functions_db.core.checkpoint import (
         Checkpoint,
