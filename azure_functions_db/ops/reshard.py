@@ -44,6 +44,7 @@ from azure_functions_db.core.ports import (
 from azure_functions_db.core.position import Position
 from azure_functions_db.core.retirement import Retirement
 from azure_functions_db.core.retry import Retrying
+from azure_functions_db.core.sink_catch_up import catch_up_with_sink
 from azure_functions_db.errors import ConfigurationError, LeaseHeldError, ReshardError
 from azure_functions_db.ops.seek import operator_identity
 from azure_functions_db.runtime.poller import PollerDefinition, ShardGroup
@@ -171,8 +172,11 @@ def reshard(
         # below its own poller's commit-safe horizon, so every row up to it is committed.
         started, target = _positioned(new, settings, reason)
         if started:
-            _check_retired_at(old, claims, target)
+            _check_retired_at(old, claims, target, group)
         else:
+            for definition, claim in zip(old, claims, strict=True):
+                _check_not_retired_elsewhere(definition, claim.checkpoint, group)
+                _sink_caught_up(definition, claim, settings)
             target = _farthest(base, [c.checkpoint.position for c in claims])
             retirement = Retirement(group.name, group.count, target, by, new[0].clock.now())
             for claim in claims:
@@ -182,7 +186,7 @@ def reshard(
     drained = {d.name: _drain(d, settings, target, wait, say) for d in old}
     positioned = []
     with _all_claimed(old, settings, owner, wait) as claims:
-        _check_retired_at(old, claims, target)  # no other call moved them since the drain
+        _check_retired_at(old, claims, target, group)  # no other call moved them since
         for definition in new:
             definition.source.open(settings)  # its description names the shard's term
             with _claimed(definition, settings, owner, wait) as claim:
@@ -231,15 +235,8 @@ def _old_checkpoints(
     for definition in old:
         stored = definition.store(settings).read(definition.config.key)
         cp = stored.checkpoint if stored is not None else None
-        retired = cp.retired if cp is not None else None
-        if retired is not None and (retired.group, retired.shards) != (group.name, group.count):
-            raise ReshardError(
-                f"Poller `{definition.name}` was retired by another reshard ({retired}), not "
-                f"into {group.count} shard(s) of `{group.name}`: finish that one, or `afdb seek` "
-                "it back first.",
-                poller=definition.name,
-                namespace=definition.config.namespace,
-            )
+        if cp is not None:
+            _check_not_retired_elsewhere(definition, cp, group)
         found.append(cp)
     if all(cp is None for cp in found):
         where = old[0].store(settings).describe()
@@ -250,6 +247,60 @@ def _old_checkpoints(
             poller=group.name,
         )
     return found
+
+
+def _check_not_retired_elsewhere(
+    definition: PollerDefinition, checkpoint: Checkpoint, group: ShardGroup
+) -> None:
+    """Refuse an old checkpoint another reshard (into another shard count) retired."""
+    retired = checkpoint.retired
+    if retired is not None and (retired.group, retired.shards) != (group.name, group.count):
+        raise ReshardError(
+            f"Poller `{definition.name}` was retired by another reshard ({retired}), not "
+            f"into {group.count} shard(s) of `{group.name}`: finish that one, or `afdb seek` "
+            "it back first.",
+            poller=definition.name,
+            namespace=definition.config.namespace,
+        )
+
+
+def _sink_caught_up(
+    definition: PollerDefinition, claim: Claim, settings: Mapping[str, str]
+) -> None:
+    """Under the old poller's lease: fence its transactional sink (a stale owner's sink commit
+    can no longer land) and move its checkpoint to the batch the sink committed past it, if
+    one did (as every run starts): ``T`` then counts that batch, which the new pollers would
+    otherwise write to the sink again."""
+    sink = definition.sink
+    if sink is None:
+        return
+    cfg = definition.config
+    log = _logger(definition)
+    retrying = Retrying(
+        retries=cfg.infra_retries, delay=cfg.retry_delay, clock=definition.clock, log=log
+    )
+    retrying(sink.open, settings)
+
+    def advanced(position: Position, rows: int, before: Position | None) -> Checkpoint:
+        return claim.checkpoint.advanced(
+            position,
+            fence=claim.fence,
+            at=definition.clock.now(),
+            rows=rows,
+            source=claim.checkpoint.source,
+            read_after=before,
+        )
+
+    catch_up_with_sink(sink, claim, cfg.key, retrying=retrying, advanced=advanced, log=log)
+
+
+def _logger(definition: PollerDefinition) -> Callable[..., None]:
+    cfg = definition.config
+
+    def log(level: int, action: str, **fields: object) -> None:
+        log_event(logger, level, action, poller=cfg.name, namespace=cfg.namespace, **fields)
+
+    return log
 
 
 def _farthest(source: Source, positions: Sequence[Position | None]) -> Position | None:
@@ -272,9 +323,13 @@ def _farthest(source: Source, positions: Sequence[Position | None]) -> Position 
 
 
 def _check_retired_at(
-    old: Sequence[PollerDefinition], claims: Sequence[Claim], target: Position | None
+    old: Sequence[PollerDefinition],
+    claims: Sequence[Claim],
+    target: Position | None,
+    group: ShardGroup,
 ) -> None:
     for definition, claim in zip(old, claims, strict=True):
+        _check_not_retired_elsewhere(definition, claim.checkpoint, group)
         retired = claim.checkpoint.retired
         if retired is None or retired.at != target:
             raise ReshardError(
@@ -370,10 +425,7 @@ def _claimed(
 ) -> Iterator[Claim]:
     """The poller's lease and fenced checkpoint, waiting up to ``wait`` seconds for it."""
     cfg, clock = definition.config, definition.clock
-
-    def log(level: int, action: str, **fields: object) -> None:
-        log_event(logger, level, action, poller=cfg.name, namespace=cfg.namespace, **fields)
-
+    log = _logger(definition)
     store = definition.store(settings)
     claimer = Claimer(
         store,

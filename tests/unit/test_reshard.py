@@ -374,3 +374,110 @@ def test_validate_takes_a_sharded_pollers_name_for_its_shards(orders, tmp_path, 
     monkeypatch.setenv("N", "2")
     found = validate_app(str(tmp_path / "function_app.py"), None, ["orders"])
     assert [v.poller for v in found] == ["orders.shard-0-of-2", "orders.shard-1-of-2"]
+
+
+class Crash(BaseException):
+    """The process dies here (nothing after it runs)."""
+
+
+class CrashingStore(afdb.LocalStateStore):
+    """Dies on the checkpoint commit of batch ``at`` (after its sink transaction committed)."""
+
+    at: int | None = None
+
+    def replace(self, checkpoint: Any, etag: str) -> str:
+        if self.at is not None and checkpoint.stats.batches == self.at:
+            self.at = None
+            raise Crash
+        return super().replace(checkpoint, etag)
+
+
+def test_a_batch_the_old_sink_holds_past_the_checkpoint_is_not_written_again(orders, tmp_path):
+    """The old poller's sink committed a batch whose checkpoint commit never landed (a crash, a
+    deploy mid-batch): the reshard counts that batch in T (under the old lease it fences the
+    sink and catches the checkpoint up, as a run does), so the new shards do not write it to
+    the sink again, and a stale owner of the old poller can no longer commit to the sink."""
+    import sqlalchemy as sa
+
+    with orders.engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE applied (id INTEGER, updated_at TIMESTAMP)")
+    store = CrashingStore(tmp_path / "state")
+
+    def sinking(**kw: Any) -> afdb.PollerBlueprint:
+        db = afdb.PollerBlueprint()
+
+        @db.poller(
+            name="orders",
+            schedule="*/5 * * * * *",
+            source=afdb.SqlSource(url=orders.url, table="orders", cursor="updated_at", pk="id"),
+            sink=afdb.SqlSink(url=orders.url),
+            state=store,
+            batch_size=4,
+            **kw,
+        )
+        def on_orders(batch: afdb.Batch, sink: afdb.SqlWriter) -> None:
+            sink.insert(
+                "applied", [{"id": c.pk, "updated_at": c.data["updated_at"]} for c in batch]
+            )
+
+        return db
+
+    old = sinking().pollers["orders"]
+    store.at = 3
+    with pytest.raises(Crash):
+        old.run_once({})
+    stored = store.read(old.config.key)
+    assert stored is not None
+    assert stored.checkpoint.position is not None
+    assert stored.checkpoint.position.pk == (8,)  # batches 1-2; the sink holds batch 3 too
+    old.source.close()
+    new = sinking(shards=2, resharded_from=1)
+    result = reshard(group_of(new.pollers, "orders"), {}, wait=5)
+    assert result.at is not None
+    assert result.at.pk == (12,)  # batch 3 counted
+    caught_up(new)
+    with orders.engine.connect() as conn:
+        applied = conn.execute(sa.text("SELECT id, updated_at FROM applied")).all()
+    counts = Counter((row[0], str(row[1])) for row in applied)
+    assert [v for v, n in counts.items() if n > 1] == [], "a version written to the sink twice"
+    assert {pk for pk, _ in counts} == set(range(1, 61))
+
+
+def test_a_reshard_into_another_count_refuses_pollers_another_one_retired(
+    orders, tmp_path, monkeypatch
+):
+    """A reshard 2 -> 3 stopped after it retired the old shards: a reshard 2 -> 4 (another app
+    version) is refused, also when it read the old checkpoints before they were retired (the
+    check is made again under their leases), and writes nothing."""
+    from azure_functions_db.ops import reshard as ops
+
+    caught_up(app(orders, tmp_path, [], shards=2))
+    three = app(orders, tmp_path, [], shards=3, resharded_from=2)
+
+    def stop_after_retiring(line: str) -> None:
+        if "retired" in line:
+            raise Crash
+
+    with pytest.raises(Crash):
+        reshard(group_of(three.pollers, "orders"), {}, wait=5, progress=stop_after_retiring)
+    four = app(orders, tmp_path, [], shards=4, resharded_from=2)
+    with pytest.raises(ReshardError, match=r"retired by another reshard"):
+        reshard(group_of(four.pollers, "orders"), {}, wait=5)
+
+    def unchecked(old: Any, _group: Any, settings: Any) -> list[Any]:  # read before retiring
+        return [(d.store(settings).read(d.config.key) or _no).checkpoint for d in old]
+
+    monkeypatch.setattr(ops, "_old_checkpoints", unchecked)
+    with pytest.raises(ReshardError, match=r"retired by another reshard"):
+        reshard(group_of(four.pollers, "orders"), {}, wait=5)
+    for definition in four.pollers.values():
+        assert definition.store({}).read(definition.config.key) is None  # nothing written
+    for definition in three.pollers.values():
+        assert definition.store({}).read(definition.config.key) is None  # not positioned
+
+
+class _NoRecord:
+    checkpoint = None
+
+
+_no = _NoRecord()
