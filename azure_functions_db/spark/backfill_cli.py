@@ -52,18 +52,7 @@ def run_backfill_command(args: argparse.Namespace, console: Console, stderr: Con
     reports: list[BackfillReport] = []
     try:
         for name in shards:
-            backfill(
-                args.app,
-                name,
-                start=args.start,
-                end=args.end,
-                partitions=args.partitions,
-                namespace=args.namespace,
-                run_id=args.run_id,
-                plan_only=True,
-                spark=session,
-                settings=args.app_settings,
-            )
+            backfill(args.app, name, **_options(args), plan_only=True, spark=session)
         for name in shards:
             reports.append(_run_one(args, name, console, stderr, session))
     finally:
@@ -99,6 +88,20 @@ def _shared_run_id(args: argparse.Namespace, shards: list[str]) -> str:
             (run_id,) = unfinished
             return run_id
     return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    """The command's options, as ``backfill()`` takes them."""
+    return {
+        "start": args.start,
+        "end": args.end,
+        "partitions": args.partitions,
+        "master": args.master,
+        "namespace": args.namespace,
+        "run_id": args.run_id,
+        "new_run": args.new_run,
+        "settings": args.app_settings,  # read by cli.main before the app was imported
+    }
 
 
 def _run_one(
@@ -162,20 +165,7 @@ def _run_one(
             )
 
     with bar:
-        report = backfill(
-            args.app,
-            poller,
-            start=args.start,
-            end=args.end,
-            partitions=args.partitions,
-            master=args.master,
-            namespace=args.namespace,
-            run_id=args.run_id,
-            new_run=args.new_run,
-            spark=spark,
-            progress=show,
-            settings=args.app_settings,  # read by cli.main before the app was imported
-        )
+        report = backfill(args.app, poller, **_options(args), spark=spark, progress=show)
     if args.json:
         return report
     console.print(

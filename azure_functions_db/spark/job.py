@@ -206,34 +206,24 @@ def backfill(
             by=f"afdb-backfill:{operator_identity()}",
             now=definition.clock.now(),
         )
-        if plan_only:
+        if plan_only:  # (prepare_run logged `backfill_planned` if it made the plan now)
             log_event(
                 logger,
                 logging.INFO,
-                "backfill_planned",
+                "backfill_ready",
                 poller=definition.name,
                 namespace=namespace,
                 run=run_id,
                 h0=record.h0,
                 chunks=len(chunks),
             )
-            return BackfillReport(
-                poller=definition.name,
-                namespace=namespace,
-                run_id=run_id,
-                store=store.describe(),
-                h0=record.h0,
-                start=record.start,
-                end=record.end,
-                chunks=len(chunks),
-                chunks_run=0,
-                chunks_skipped=0,
-                rows=0,
+            return _report(
+                store,
+                record,
+                [],
                 rows_total=0,
-                rows_estimated=record.estimate,
                 batches=0,
-                retries=0,
-                seconds=time.monotonic() - began,
+                began=began,
                 resumed=resumed,
                 planned=True,
             )
@@ -263,24 +253,8 @@ def backfill(
             session.stop()
         if loaded_here:
             release(source)  # the driver's connections; executors keep their own
-    report = BackfillReport(
-        poller=definition.name,
-        namespace=namespace,
-        run_id=run_id,
-        store=store.describe(),
-        h0=record.h0,
-        start=record.start,
-        end=record.end,
-        chunks=len(chunks),
-        chunks_run=len(results),
-        chunks_skipped=len(chunks) - len(results),
-        rows=sum(r.rows for r in results),
-        rows_total=rows_total,
-        rows_estimated=record.estimate,
-        batches=batches,
-        retries=sum(r.attempt for r in results),
-        seconds=time.monotonic() - began,
-        resumed=resumed,
+    report = _report(
+        store, record, results, rows_total=rows_total, batches=batches, began=began, resumed=resumed
     )
     if progress is not None:
         progress(watcher.snapshot(final=True))
@@ -296,6 +270,41 @@ def backfill(
         seconds=f"{report.seconds:.1f}",
     )
     return report
+
+
+def _report(
+    store: StateStore,
+    record: RunRecord,
+    results: Sequence[ChunkResult],
+    *,
+    rows_total: int,
+    batches: int,
+    began: float,
+    resumed: bool,
+    planned: bool = False,
+) -> BackfillReport:
+    """The report of ``record``'s run: ``results`` of the chunks this call ran (none when it
+    only ``planned`` the run, which skipped none either)."""
+    return BackfillReport(
+        poller=record.poller,
+        namespace=record.namespace,
+        run_id=record.run_id,
+        store=store.describe(),
+        h0=record.h0,
+        start=record.start,
+        end=record.end,
+        chunks=record.chunks,
+        chunks_run=len(results),
+        chunks_skipped=0 if planned else record.chunks - len(results),
+        rows=sum(r.rows for r in results),
+        rows_total=rows_total,
+        rows_estimated=record.estimate,
+        batches=batches,
+        retries=sum(r.attempt for r in results),
+        seconds=time.monotonic() - began,
+        resumed=resumed,
+        planned=planned,
+    )
 
 
 def _run_tasks(

@@ -216,10 +216,10 @@ def test_a_shard_backfills_its_own_rows_and_the_cli_backfills_every_shard(
         (f"orders.shard-{i}-of-3", "p1") for i in range(3)
     ]
     assert sorted(delivered(out, "backfill")) == list(range(1, 31))  # each shard up to its H0
-    steps = {"action=backfill_planned", "action=backfill_start"}
+    steps = {"action=backfill_ready", "action=backfill_start"}
     actions = [r.getMessage().split()[0] for r in caplog.records]
     actions = [a for a in actions if a in steps]
-    assert actions[:3] == ["action=backfill_planned"] * 3
+    assert actions[:3] == ["action=backfill_ready"] * 3
     assert actions[3:] == ["action=backfill_start"] * 3
     for shard in range(3):
         assert store.read(PollerKey("live", f"orders.shard-{shard}-of-3")) is not None
