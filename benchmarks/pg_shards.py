@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import subprocess
 import sys
 import textwrap
@@ -32,6 +31,7 @@ from typing import Any
 
 from benchmarks import pg_fixture as pg
 from benchmarks.harness import Benchmark, BenchmarkResult, Context
+from devkit.processes import stop as stop_processes
 
 COUNTS, QUICK_COUNTS = (1, 2, 4, 8), (1, 2, 4)
 ROWS, QUICK_ROWS = 12_000, 4_000
@@ -201,13 +201,7 @@ def _measure(ctx: Context, server: pg.Server, count: int, rows: int) -> float:
             time.sleep(0.1)  # the writer's last versions, for the check below
     finally:
         stop.set()
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(procs)
     if _missing(server):
         raise AssertionError(f"{count} shard(s): final versions never applied")
     _check(server, count)

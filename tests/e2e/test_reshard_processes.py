@@ -30,7 +30,8 @@ import sqlalchemy as sa
 
 from azure_functions_db.sources import shards
 from devkit import dbservers
-from tests.e2e.test_shard_processes import applied_in_time, query, stop, write
+from devkit.processes import stop
+from tests.e2e.test_shard_processes import applied_in_time, query, write
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 

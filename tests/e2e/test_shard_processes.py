@@ -25,6 +25,7 @@ import sqlalchemy as sa
 
 from azure_functions_db.sources import shards
 from devkit import dbservers
+from devkit.processes import stop
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -136,17 +137,6 @@ def applied_in_time(db: sa.Engine, schema: str) -> tuple[set[tuple], set[tuple]]
         if final <= got or time.monotonic() > deadline:
             return final, got
         time.sleep(0.5)
-
-
-def stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM every process, then wait for each (killing one that hangs)."""
-    for proc in procs:
-        proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def query(db: sa.Engine, schema: str, sql: str) -> list[tuple]:
