@@ -11,6 +11,7 @@ from typing import Any
 from azure_functions_db.core.liveness import judged_now, read_health
 from azure_functions_db.core.ports import BacklogSource, Horizon
 from azure_functions_db.core.position import Position
+from azure_functions_db.core.retirement import Retirement
 from azure_functions_db.errors import (
     AfdbError,
     CheckpointCorruptError,
@@ -45,6 +46,7 @@ class PollerStatus:
     sink: SinkStatus | None = None  # a poller with a transactional sink
     health: HealthStatus | None = None  # live pollers: liveness, judged now
     quarantined: tuple[int, int] | None = None  # records still quarantined, and their rows
+    retired: Retirement | None = None  # ``afdb reshard`` handed its rows to other pollers
 
     def to_json(self) -> dict[str, Any]:
         """A stable, JSON-ready form for scripts (keys never renamed, only added)."""
@@ -78,6 +80,8 @@ class PollerStatus:
             doc["health"] = self.health.to_json()
         if self.quarantined is not None:
             doc["quarantine"] = {"records": self.quarantined[0], "rows": self.quarantined[1]}
+        if self.retired is not None:
+            doc["retired"] = self.retired.to_json()
         return doc
 
     @property
@@ -202,7 +206,10 @@ def poller_status(definition: PollerDefinition, settings: Mapping[str, str]) -> 
     if held is not None:
         base["held_by"], base["held_seconds"] = held
     base["sink"] = sink_status(definition, settings)
-    base["health"] = health_status(definition, settings)
+    if cp is not None and cp.retired is not None:  # no timer runs it: no liveness to judge
+        base["retired"] = cp.retired
+    else:
+        base["health"] = health_status(definition, settings)
     base["quarantined"] = quarantine_count(definition, settings)
     return PollerStatus(
         **base,
@@ -293,6 +300,10 @@ def status_notes(s: PollerStatus, app: str) -> list[tuple[str, str | None]]:
     """The lines ``afdb status`` prints under its table for one poller, with a style (``None``,
     ``yellow``, ``red``): rows held by the horizon, the sink, liveness, quarantined batches."""
     notes: list[tuple[str, str | None]] = []
+    if s.retired is not None:
+        notes.append(
+            (f"{s.poller}: retired by `afdb reshard` {s.retired}; its records stay here", None)
+        )
     if s.held_by is not None:
         notes.append(
             (

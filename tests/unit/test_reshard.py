@@ -203,6 +203,13 @@ def test_the_command_line_reshards_and_status_shows_the_shards_together(
     assert "orders: 3 shard(s), 7 row(s) delivered in all, 0 lease(s) held" in out
     assert "orders.shard-2-of-3" in out
     assert "-of-2" not in out  # the retired pollers left the app with the reshard
+    assert main(["status", app, "--poller", "orders.shard-1-of-2"]) == 0  # found by name
+    out = capsys.readouterr().out
+    assert "orders.shard-1-of-2: retired by `afdb reshard` into 3 shard(s) of `orders`" in out
+    assert "stalled" not in out  # no timer runs it: no liveness judged
+    assert main(["status", app, "--poller", "orders.shard-1-of-2", "--json"]) == 0
+    (retired,) = json.loads(capsys.readouterr().out)
+    assert retired["retired"]["shards"] == 3 and "health" not in retired
     assert main(["quarantine", "list", app, "--poller", "orders.shard-1-of-2"]) == 0
     assert "orders.shard-1-of-2: nothing quarantined" in capsys.readouterr().out  # found by name
 
