@@ -22,7 +22,17 @@ SETTLE = dt.timedelta(milliseconds=400)
 
 
 def _scenario(tmp_path: Path, horizon: object) -> tuple[list[int], str]:
-    url = f"sqlite:///{tmp_path / 'ticks.db'}"
+    """The sequence below until rows 5 and 2 fell in one tick (a loaded machine can take the
+    second's last 0.7 s between them): at most three tries."""
+    for attempt in range(3):
+        found = _attempt(tmp_path / f"try-{attempt}.db", horizon)
+        if found is not None:
+            return found
+    raise AssertionError("rows 5 and 2 never fell in one tick in three tries")
+
+
+def _attempt(path: Path, horizon: object) -> tuple[list[int], str] | None:
+    url = f"sqlite:///{path}"
     engine = sa.create_engine(url)
     with engine.begin() as conn:
         conn.exec_driver_sql(
@@ -55,6 +65,11 @@ def _scenario(tmp_path: Path, horizon: object) -> tuple[list[int], str]:
         poll()  # without a bound: delivers 5 and moves the checkpoint to (tick, 5)
         with engine.begin() as conn:  # a lower pk, the same tick, committed after the poll
             conn.exec_driver_sql("INSERT INTO t (id) VALUES (2)")
+            ticks = conn.exec_driver_sql(
+                "SELECT COUNT(DISTINCT updated_at) FROM t WHERE id IN (2, 5)"
+            ).scalar_one()
+        if ticks != 1:
+            return None
         time.sleep(1.5)
         poll()
         return delivered, source.horizon().method
