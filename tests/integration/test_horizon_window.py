@@ -197,8 +197,9 @@ def _drain(source: SqlSource, state: dict[str, Any]) -> None:
 
 
 def _drain_until(source: SqlSource, state: dict[str, Any], rows: int, seconds: float) -> None:
-    """Drain until ``rows`` ids were delivered or ``seconds`` passed (a late row commits)."""
-    deadline = time.monotonic() + seconds
+    """Drain until ``rows`` ids were delivered or ``seconds`` passed (a late row commits), and
+    6 s more: a loaded machine is slower to get there (a row passed over never comes)."""
+    deadline = time.monotonic() + seconds + 6
     while time.monotonic() < deadline and len(state["delivered"]) < rows:
         time.sleep(0.1)
         _drain(source, state)
