@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 from collections.abc import Mapping, Sequence
@@ -81,7 +82,8 @@ class PollerStatus:
         if self.quarantined is not None:
             doc["quarantine"] = {"records": self.quarantined[0], "rows": self.quarantined[1]}
         if self.retired is not None:
-            doc["retired"] = self.retired.to_json()
+            retired = self.retired.to_json()
+            doc["retired"] = {**retired, "when": self.retired.when.isoformat()}
         return doc
 
     @property
@@ -94,7 +96,7 @@ class PollerStatus:
 class HealthStatus:
     """A poller's liveness as ``afdb status`` judges it now (from its health record)."""
 
-    state: str  # healthy, stalled, falling_behind, unknown
+    state: str  # healthy, stalled, falling_behind, unknown, retired
     detail: str
     last_run_at: dt.datetime | None = None
     last_success_at: dt.datetime | None = None
@@ -202,14 +204,21 @@ def poller_status(definition: PollerDefinition, settings: Mapping[str, str]) -> 
             error=str(exc),
         )
     cp = stored.checkpoint if stored else None
-    held = live_hold(definition, settings, cp.position if cp else None)
+    retired = cp.retired if cp else None
+    # A retired poller's rows after its end belong to other pollers: none is held for it.
+    held = None if retired else live_hold(definition, settings, cp.position if cp else None)
     if held is not None:
         base["held_by"], base["held_seconds"] = held
     base["sink"] = sink_status(definition, settings)
-    if cp is not None and cp.retired is not None:  # no timer runs it: no liveness to judge
-        base["retired"] = cp.retired
-    else:
-        base["health"] = health_status(definition, settings)
+    health = health_status(definition, settings)
+    if retired is not None:  # no timer runs it: its liveness is not judged, its last error kept
+        base["retired"] = retired
+        health = dataclasses.replace(
+            health,
+            state="retired",
+            detail="retired by `afdb reshard`: no timer runs it, so its liveness is not judged",
+        )
+    base["health"] = health
     base["quarantined"] = quarantine_count(definition, settings)
     return PollerStatus(
         **base,
@@ -314,7 +323,7 @@ def status_notes(s: PollerStatus, app: str) -> list[tuple[str, str | None]]:
         )
     if s.sink is not None:
         notes.append((sink_line(s), None))
-    if s.health is not None and s.health.state != "healthy":
+    if s.health is not None and s.health.state not in ("healthy", "retired"):
         style = "red" if s.health.state == "stalled" else "yellow"
         notes.append((f"{s.poller}: {s.health.state}: {s.health.detail}", style))
     if s.health is not None and s.health.last_error:

@@ -206,11 +206,11 @@ def test_the_command_line_reshards_and_status_shows_the_shards_together(
     assert main(["status", app, "--poller", "orders.shard-1-of-2"]) == 0  # found by name
     out = capsys.readouterr().out
     assert "orders.shard-1-of-2: retired by `afdb reshard` into 3 shard(s) of `orders`" in out
-    assert "stalled" not in out  # no timer runs it: no liveness judged
     assert main(["status", app, "--poller", "orders.shard-1-of-2", "--json"]) == 0
     (retired,) = json.loads(capsys.readouterr().out)
     assert retired["retired"]["shards"] == 3
-    assert "health" not in retired
+    assert dt.datetime.fromisoformat(retired["retired"]["when"])  # as committed_at: ISO 8601
+    assert retired["health"]["state"] == "retired"
     assert main(["quarantine", "list", app, "--poller", "orders.shard-1-of-2"]) == 0
     assert "orders.shard-1-of-2: nothing quarantined" in capsys.readouterr().out  # found by name
 
